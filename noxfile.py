@@ -1,0 +1,109 @@
+"""Nox sessions for the KV-offload monorepo.
+
+`nox -t ci` is the test command (README, `.ci/run`). `nox -l` lists every session.
+
+Packages are discovered from `packages/*/pyproject.toml`. A package's unit tests run
+in an environment holding only that package, its declared dependencies and its
+`test` extra; sibling packages it depends on are installed from their folders, so
+the run proves the package stands alone.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+import nox
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+nox.needs_version = ">=2025.02.09"
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["lint", "tests"]
+
+ROOT = Path(__file__).resolve().parent
+PACKAGES_DIR = ROOT / "packages"
+# Packages that import vLLM: their tests need a real vLLM and run in the vllm sessions.
+VLLM_PLUGINS = frozenset({"vllm-marconi-offload", "memkv-vllm"})
+
+
+def _discover() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for pyproject in sorted(PACKAGES_DIR.glob("*/pyproject.toml")):
+        name = tomllib.loads(pyproject.read_text())["project"]["name"]
+        found[canonicalize_name(name)] = pyproject.parent
+    return found
+
+
+PACKAGES = _discover()
+
+
+def workspace_closure(name: str) -> list[Path]:
+    """Folders of `name` and the workspace packages it depends on, dependencies first."""
+    ordered: list[Path] = []
+
+    def visit(pkg: str) -> None:
+        folder = PACKAGES[pkg]
+        if folder in ordered:
+            return
+        meta = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
+        for spec in meta.get("dependencies", []):
+            dep = canonicalize_name(Requirement(spec).name)
+            if dep in PACKAGES:
+                visit(dep)
+        ordered.append(folder)
+
+    visit(canonicalize_name(name))
+    return ordered
+
+
+def install_package(session: nox.Session, name: str, extra: str | None = "test") -> None:
+    """Install one workspace package (editable) with its workspace dependencies."""
+    folders = workspace_closure(name)
+    args: list[str] = []
+    for folder in folders[:-1]:
+        args += ["-e", str(folder)]
+    last = str(folders[-1]) + (f"[{extra}]" if extra else "")
+    session.install(*args, "-e", last)
+
+
+def shared_dir() -> Path:
+    """The team's shared/ folder, which sits beside the repository checkout."""
+    return Path(os.environ.get("KV_SHARED_DIR", ROOT.parent / "shared"))
+
+
+@nox.session(tags=["ci"])
+def lint(session: nox.Session) -> None:
+    """ruff (lint + format check) and mypy --strict over every package."""
+    session.install("ruff", "mypy")
+    for name in PACKAGES:
+        if name not in VLLM_PLUGINS:
+            install_package(session, name)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    sources = [str(folder / "src") for folder in PACKAGES.values()]
+    session.run("mypy", *sources)
+
+
+@nox.session(tags=["ci"])
+@nox.parametrize("package", sorted(set(PACKAGES) - VLLM_PLUGINS))
+def tests(session: nox.Session, package: str) -> None:
+    """Unit tests of one package, installed alone with its declared dependencies."""
+    install_package(session, package)
+    session.run("pytest", str(PACKAGES[package] / "tests"), *session.posargs)
+
+
+@nox.session(name="bench-eviction")
+def bench_eviction(session: nox.Session) -> None:
+    """Eviction policy ops/s at 1e5, 1e6 and 1e7 entries; bytes per tracked entry."""
+    install_package(session, "kv-eviction", extra=None)
+    session.run("python", "-m", "kv_eviction.bench", *session.posargs)
+
+
+@nox.session
+def simulate(session: nox.Session) -> None:
+    """Replay the bundled Mooncake trace through every policy; print the hit-rate table."""
+    install_package(session, "kv-eviction", extra="plot")
+    args = session.posargs or ["--trace", "mooncake", "--sweep", "--plot", "simulate.png"]
+    session.run("kv-eviction", "simulate", *args)
