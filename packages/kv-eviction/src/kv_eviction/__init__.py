@@ -1,0 +1,28 @@
+"""Chain-consistent eviction policies for KV-cache blocks, an admission filter and a
+trace simulator. Pure Python, no dependencies.
+
+    >>> from kv_eviction import make_policy
+    >>> policy = make_policy("marconi", decay=0.0, reuse_mode="linear")
+    >>> policy.insert("a"); policy.insert("b", parent="a", depth=1)
+    >>> policy.pop_victims(2)
+    ['b', 'a']
+"""
+
+from ._version import __version__
+from .admission import AdmissionTracker
+from .lru import LRUPolicy
+from .marconi import REUSE_MODES, MarconiPolicy
+from .policy import EvictionPolicy, PolicyStats, make_policy, policy_names, register_policy
+
+__all__ = [
+    "REUSE_MODES",
+    "AdmissionTracker",
+    "EvictionPolicy",
+    "LRUPolicy",
+    "MarconiPolicy",
+    "PolicyStats",
+    "__version__",
+    "make_policy",
+    "policy_names",
+    "register_policy",
+]

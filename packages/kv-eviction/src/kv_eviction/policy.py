@@ -1,0 +1,146 @@
+"""The eviction-policy interface, its statistics record and the name registry.
+
+A policy tracks cached block keys and picks victims; it stores no data. Keys form
+prefix chains: every key may name a tracked `parent`. A key that still has a tracked
+descendant is never returned as a victim (evicting it would orphan the descendant,
+which could then never hit again), and pinned keys are never returned either.
+
+Call pattern (one owner, no threads): `insert` a key when its block is stored,
+`touch` it on every hit, `pin`/`unpin` around loads and stores in flight,
+`pop_victims(n)` when space is needed, `tick()` whenever the caller's clock advances
+(for example once per scheduler step or per request).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "EvictionPolicy",
+    "PolicyStats",
+    "make_policy",
+    "policy_names",
+    "register_policy",
+]
+
+
+@dataclass(frozen=True)
+class PolicyStats:
+    """Counters of one policy instance."""
+
+    policy: str
+    """Registered name of the policy (`lru`, `marconi`, ...)."""
+    entries: int
+    """Keys tracked now."""
+    pinned: int
+    """Tracked keys with a pin count above zero."""
+    inserts: int
+    touches: int
+    evictions: int
+    """Keys returned by `pop_victims`."""
+    removals: int
+    """Keys forgotten through `remove`."""
+    now: int
+    """The tick clock."""
+    heap_size: int
+    """Heap items held, stale ones included (memory diagnostics)."""
+    compactions: int
+    """Heap rebuilds that dropped stale items."""
+
+
+class EvictionPolicy(ABC):
+    """Chooses which cached blocks to evict. Keys are any hashable values."""
+
+    name: str = ""
+
+    @abstractmethod
+    def insert(self, key: Hashable, parent: Hashable | None = None, depth: int = 0) -> None:
+        """Track a newly stored block.
+
+        `parent` is the key of the previous block in the prefix chain; a parent that is
+        not tracked is ignored (the key becomes a chain root). `depth` is the block's
+        index in its chain (0 for the first block). Raises `KeyError` if `key` is
+        already tracked.
+        """
+
+    @abstractmethod
+    def touch(self, key: Hashable) -> None:
+        """Record a hit on `key` (reuse count and recency). `KeyError` if untracked."""
+
+    @abstractmethod
+    def remove(self, key: Hashable) -> None:
+        """Forget `key` (whatever its pins or children). `KeyError` if untracked."""
+
+    @abstractmethod
+    def pin(self, key: Hashable) -> None:
+        """Protect `key` from eviction; pins nest. `KeyError` if untracked."""
+
+    @abstractmethod
+    def unpin(self, key: Hashable) -> None:
+        """Undo one `pin`. `KeyError` if untracked, `ValueError` if not pinned."""
+
+    @abstractmethod
+    def pop_victims(self, n: int) -> list[Hashable]:
+        """Remove and return up to `n` victims, lowest priority first.
+
+        Only unpinned keys without a tracked child are eligible; evicting a child can
+        make its parent eligible within the same call. Returns fewer than `n` keys
+        when no more are eligible.
+        """
+
+    @abstractmethod
+    def tick(self, n: int = 1) -> None:
+        """Advance the age clock by `n` ticks."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Number of tracked keys."""
+
+    @abstractmethod
+    def __contains__(self, key: object) -> bool:
+        """Whether `key` is tracked."""
+
+    @abstractmethod
+    def stats(self) -> PolicyStats:
+        """A snapshot of the policy's counters."""
+
+
+PolicyFactory = Callable[..., EvictionPolicy]
+_REGISTRY: dict[str, PolicyFactory] = {}
+
+
+def register_policy(name: str, factory: PolicyFactory) -> None:
+    """Make `factory(**options)` available as `make_policy(name, **options)`."""
+    _REGISTRY[name] = factory
+
+
+def policy_names() -> list[str]:
+    """Registered policy names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def make_policy(name: str, **options: Any) -> EvictionPolicy:
+    """Build the policy registered as `name`, validating every option.
+
+    Raises `ValueError` naming the bad option (or name) and the accepted values.
+    """
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise ValueError(
+            f"eviction policy {name!r} is unknown; accepted values: {', '.join(policy_names())}"
+        )
+    return factory(**options)
+
+
+def reject_unknown_options(policy: str, options: dict[str, Any], accepted: tuple[str, ...]) -> None:
+    """Raise `ValueError` if `options` holds a key outside `accepted`."""
+    for option in options:
+        if option not in accepted:
+            allowed = ", ".join(accepted) if accepted else "none"
+            raise ValueError(
+                f"option {option!r} is not accepted by eviction policy {policy!r}; "
+                f"accepted options: {allowed}"
+            )

@@ -1,0 +1,61 @@
+"""A slow, obviously-correct model of the policies, used as the oracle in tests."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Entry:
+    parent: object | None
+    depth: int
+    uses: int
+    last_tick: int
+    last_seq: int
+    pins: int = 0
+
+
+@dataclass
+class ReferencePolicy:
+    """Scores every eligible key from scratch on each query."""
+
+    name: str
+    decay: float = 0.0
+    reuse_mode: str = "linear"
+    entries: dict[object, Entry] = field(default_factory=dict)
+    now: int = 0
+    seq: int = 0
+
+    def insert(self, key: object, parent: object | None, depth: int) -> None:
+        self.seq += 1
+        if parent not in self.entries:
+            parent = None
+        self.entries[key] = Entry(parent, depth, 1, self.now, self.seq)
+
+    def touch(self, key: object) -> None:
+        self.seq += 1
+        entry = self.entries[key]
+        entry.uses += 1
+        entry.last_tick = self.now
+        entry.last_seq = self.seq
+
+    def remove(self, key: object) -> None:
+        del self.entries[key]
+        for entry in self.entries.values():
+            if entry.parent == key:
+                entry.parent = None
+
+    def has_child(self, key: object) -> bool:
+        return any(e.parent == key for e in self.entries.values())
+
+    def eligible(self) -> list[object]:
+        return [k for k, e in self.entries.items() if e.pins == 0 and not self.has_child(k)]
+
+    def score(self, key: object) -> float:
+        """The paper formula, or the recency stamp for LRU (lower = evicted first)."""
+        e = self.entries[key]
+        if self.name == "lru":
+            return float(e.last_seq)
+        reuse = {"linear": e.uses, "log": math.log1p(e.uses), "none": 1.0}[self.reuse_mode]
+        return reuse * math.exp(-self.decay * (self.now - e.last_tick)) / (e.depth + 1)
