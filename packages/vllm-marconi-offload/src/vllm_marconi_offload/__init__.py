@@ -1,0 +1,28 @@
+"""vllm-marconi-offload: two-tier (RAM + disk) CPU KV offload for vLLM with Marconi eviction.
+
+Use it with::
+
+    --kv-transfer-config '{"kv_connector": "MarconiOffloadConnector",
+                           "kv_connector_module_path": "vllm_marconi_offload",
+                           "kv_role": "kv_both", "kv_connector_extra_config": {...}}'
+"""
+
+from __future__ import annotations
+
+from ._version import __version__
+from .config import ConfigError, OffloadConfig
+from .connector import MarconiOffloadConnector
+
+__all__ = ["ConfigError", "MarconiOffloadConnector", "OffloadConfig", "__version__"]
+
+_RENAMED = {"SimpleCPUOffloadConnector": "MarconiOffloadConnector"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _RENAMED:
+        raise ValueError(
+            f'"kv_connector": "{name}" with "kv_connector_module_path": '
+            f'"vllm_marconi_offload" is no longer supported: vLLM ships a built-in connector '
+            f'of that name and special-cases it. Use "kv_connector": "{_RENAMED[name]}".'
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,111 @@
+"""Batched block copies between vLLM's KV cache tensors and L1 slots (worker side).
+
+Each layer's tensor is viewed as `[num_blocks, block_bytes]` bytes, so a batch of blocks
+moves with one gather and one scatter per layer, whatever the attention backend's element
+layout. Never one copy per block per layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .layout import GroupLayout, LayoutError, SlotLayout
+
+
+@dataclass(frozen=True)
+class LayerBytes:
+    """One layer's KV cache as bytes per block, and where it lands in a slot."""
+
+    view: torch.Tensor  # uint8 [num_gpu_blocks, nbytes]
+    offset: int
+    nbytes: int
+
+
+def block_bytes_view(tensor: torch.Tensor, num_blocks: int, nbytes: int) -> torch.Tensor:
+    """View a layer's KV tensor as uint8 `[num_blocks, nbytes]` without copying.
+
+    The first dimension must index blocks (or kernel blocks, several per vLLM block), and
+    each block's bytes must be contiguous: true for every block-major layout vLLM uses.
+    """
+    if tensor.dim() == 0 or tensor.shape[0] % num_blocks:
+        raise LayoutError(
+            f"KV tensor of shape {tuple(tensor.shape)} does not start with a block dimension "
+            f"divisible by num_blocks={num_blocks}"
+        )
+    per_block = tensor.shape[0] // num_blocks
+    if not tensor[0].is_contiguous():
+        raise LayoutError(
+            f"KV tensor of shape {tuple(tensor.shape)} and stride {tensor.stride()} is not "
+            "block-major; set VLLM_KV_CACHE_LAYOUT to a layout whose outer dimension is the "
+            "block (e.g. LBHNC or LBNHC)"
+        )
+    item = tensor.element_size()
+    block_stride = tensor.stride(0) * per_block * item
+    if per_block > 1 and tensor.stride(0) * item != tensor[0].numel() * item:
+        raise LayoutError("kernel blocks of one vLLM block are not adjacent in memory")
+    if nbytes > block_stride:
+        raise LayoutError(
+            f"layer page of {nbytes} bytes exceeds its block stride of {block_stride} bytes"
+        )
+    storage = torch.empty(0, dtype=torch.uint8, device=tensor.device)
+    storage.set_(tensor.untyped_storage())
+    return storage.as_strided(
+        (num_blocks, nbytes), (block_stride, 1), tensor.storage_offset() * item
+    )
+
+
+class BlockCopier:
+    """Copies blocks of every layer of a KV-cache group into or out of slot rows."""
+
+    def __init__(self, layout: SlotLayout, kv_caches: Mapping[str, torch.Tensor]) -> None:
+        self._layers: dict[int, list[LayerBytes]] = {}
+        for group in layout.groups:
+            self._layers[group.group_id] = self._group_views(group, layout, kv_caches)
+
+    @staticmethod
+    def _group_views(
+        group: GroupLayout, layout: SlotLayout, kv_caches: Mapping[str, torch.Tensor]
+    ) -> list[LayerBytes]:
+        views = []
+        for layer in group.layers:
+            tensor = kv_caches.get(layer.name)
+            if tensor is None:
+                raise LayoutError(f"vLLM registered no KV cache tensor for layer {layer.name}")
+            view = block_bytes_view(tensor, layout.num_gpu_blocks, layer.nbytes)
+            views.append(LayerBytes(view=view, offset=layer.offset, nbytes=layer.nbytes))
+        return views
+
+    def to_slots(
+        self, group_id: int, blocks: Sequence[int], slots: Sequence[int], pool: torch.Tensor
+    ) -> None:
+        """Copy GPU `blocks` of one group into rows `slots` of `pool` (uint8 [n, stride])."""
+        if not blocks:
+            return
+        layers = self._layers[group_id]
+        device = layers[0].view.device
+        src_idx = torch.as_tensor(blocks, dtype=torch.long, device=device)
+        dst_idx = torch.as_tensor(slots, dtype=torch.long)
+        for layer in layers:
+            gathered = layer.view.index_select(0, src_idx)
+            if gathered.device != pool.device:
+                gathered = gathered.to(pool.device)
+            pool[dst_idx, layer.offset : layer.offset + layer.nbytes] = gathered
+
+    def from_slots(
+        self, group_id: int, slots: Sequence[int], blocks: Sequence[int], pool: torch.Tensor
+    ) -> None:
+        """Copy rows `slots` of `pool` into GPU `blocks` of one group."""
+        if not blocks:
+            return
+        layers = self._layers[group_id]
+        device = layers[0].view.device
+        dst_idx = torch.as_tensor(blocks, dtype=torch.long, device=device)
+        src_idx = torch.as_tensor(slots, dtype=torch.long)
+        for layer in layers:
+            rows = pool[src_idx, layer.offset : layer.offset + layer.nbytes]
+            if rows.device != device:
+                rows = rows.to(device)
+            layer.view.index_copy_(0, dst_idx, rows)

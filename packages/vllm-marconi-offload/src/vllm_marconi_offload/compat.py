@@ -1,0 +1,75 @@
+"""Every difference between the vLLM releases we support (0.27.1 - 0.33.x), in one place.
+
+Each helper detects features, not version numbers, where the feature can be seen; the
+supported range is checked once at start.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from packaging.version import Version
+
+SUPPORTED = (Version("0.27.1"), Version("0.34"))
+
+
+def vllm_version() -> str:
+    """The running vLLM's version (`vllm.__version__`; the CPU wheel has other metadata)."""
+    import vllm
+
+    return str(vllm.__version__)
+
+
+def check_supported(version: str) -> str | None:
+    """A warning if `version` is outside the tested range, else None."""
+    parsed = Version(version)
+    if SUPPORTED[0] <= Version(parsed.base_version) < SUPPORTED[1]:
+        return None
+    return (
+        f"vllm-marconi-offload is tested with vLLM >= {SUPPORTED[0]}, < {SUPPORTED[1]}; "
+        f"running {version}"
+    )
+
+
+def scheduler_block_size(vllm_config: Any, kv_cache_config: Any) -> int:
+    """Tokens per block as the scheduler hashes them (`hash_block_size` where present)."""
+    hash_block_size = getattr(kv_cache_config, "hash_block_size", None)
+    if hash_block_size:
+        return int(hash_block_size)
+    return int(vllm_config.cache_config.block_size)
+
+
+def hash_algorithm(vllm_config: Any) -> str:
+    return str(getattr(vllm_config.cache_config, "prefix_caching_hash_algo", "sha256"))
+
+
+def cached_requests(
+    scheduler_output: Any,
+) -> Iterator[tuple[str, tuple[list[int], ...] | None, int, bool]]:
+    """(req_id, new block ids, num computed tokens, resumed from preemption) per cached request.
+
+    0.27-0.31 flag resumption with a list `resumed_from_preemption`; newer releases keep a
+    set `resumed_req_ids`.
+    """
+    cached = scheduler_output.scheduled_cached_reqs
+    resumed_ids = getattr(cached, "resumed_req_ids", None)
+    resumed_flags = getattr(cached, "resumed_from_preemption", None)
+    for i, req_id in enumerate(cached.req_ids):
+        if resumed_ids is not None:
+            resumed = req_id in resumed_ids
+        else:
+            resumed = bool(resumed_flags[i]) if resumed_flags is not None else False
+        yield req_id, cached.new_block_ids[i], cached.num_computed_tokens[i], resumed
+
+
+def tensor_parallel_rank() -> int:
+    """This worker's tensor-parallel rank."""
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    return int(get_tensor_model_parallel_rank())
+
+
+def pythonhashseed() -> str | None:
+    return os.environ.get("PYTHONHASHSEED")

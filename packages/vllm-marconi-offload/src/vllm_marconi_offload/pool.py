@@ -1,0 +1,101 @@
+"""The store configuration, derived identically in the scheduler and in every worker.
+
+Both sides must name the same files and agree on their geometry without talking to each
+other, so everything here is a pure function of the vLLM config and the connector config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kvpool_mmap import StoreConfig, TierConfig
+
+from .config import OffloadConfig
+from .layout import SlotLayout
+
+ANONYMOUS_L1_ROOT = "/dev/shm"
+
+
+def weights_fingerprint(model: str) -> str:
+    """Identify the checkpoint: config.json bytes plus each weight file's size and mtime.
+
+    A new checkpoint saved under the same path must never restore the old one's KV.
+    For a hub id with no local folder, the id and revision are all we have.
+    """
+    folder = Path(model)
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(model.encode())
+    if folder.is_dir():
+        config = folder / "config.json"
+        if config.is_file():
+            digest.update(config.read_bytes())
+        for weight in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
+            stat = weight.stat()
+            digest.update(f"{weight.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def layout_fingerprint(vllm_config: Any, layout: SlotLayout, block_size: int) -> bytes:
+    """Bytes that change whenever stored KV would no longer be valid for this engine."""
+    model_config = vllm_config.model_config
+    fields = (
+        weights_fingerprint(str(model_config.model)),
+        str(getattr(model_config, "revision", None)),
+        str(model_config.dtype),
+        str(vllm_config.cache_config.cache_dtype),
+        block_size,
+        vllm_config.parallel_config.tensor_parallel_size,
+        layout.digest_fields(),
+    )
+    return hashlib.blake2b(repr(fields).encode(), digest_size=16).digest()
+
+
+def engine_name(vllm_config: Any, config: OffloadConfig, fingerprint: bytes) -> str:
+    """A name for this engine's files that is stable across restarts (unlike engine_id)."""
+    if config.pool_name is not None:
+        return _slug(config.pool_name)
+    model = Path(str(vllm_config.model_config.model)).name or "model"
+    return f"{_slug(model)[:40]}-{fingerprint.hex()[:12]}"
+
+
+def anonymous_l1_dir(vllm_config: Any) -> str:
+    """Per-engine-instance tmpfs directory used when `cpu_pool_path` is not set."""
+    root = ANONYMOUS_L1_ROOT if os.path.isdir(ANONYMOUS_L1_ROOT) else tempfile.gettempdir()
+    engine_id = _slug(str(vllm_config.kv_transfer_config.engine_id))
+    return os.path.join(root, f"vllm-marconi-offload-{engine_id}")
+
+
+def build_store_config(
+    vllm_config: Any, config: OffloadConfig, layout: SlotLayout, block_size: int
+) -> StoreConfig:
+    """The `StoreConfig` every process of this engine derives."""
+    fingerprint = layout_fingerprint(vllm_config, layout, block_size)
+    parallel = vllm_config.parallel_config
+    l1_path = config.cpu_pool_path or anonymous_l1_dir(vllm_config)
+    l2 = (
+        TierConfig(path=config.l2_pool_path, bytes_to_use=config.l2_bytes_to_use)
+        if config.l2_pool_path is not None
+        else None
+    )
+    return StoreConfig(
+        stride=layout.stride,
+        engine_id=engine_name(vllm_config, config, fingerprint),
+        fingerprint=fingerprint,
+        l1=TierConfig(path=l1_path, bytes_to_use=config.cpu_bytes_to_use),
+        l2=l2,
+        dp_size=int(parallel.data_parallel_size),
+        tp_size=int(parallel.tensor_parallel_size),
+        dp_rank=int(getattr(parallel, "data_parallel_rank", 0) or 0),
+        eviction_policy=config.eviction_policy,
+        eviction_options=config.eviction_options,
+        admission_threshold=config.admission_threshold,
+    )
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:64] or "x"

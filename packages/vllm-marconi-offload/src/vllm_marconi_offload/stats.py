@@ -1,0 +1,67 @@
+"""Hit and transfer counters of the connector, and the log lines users grep for."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class HitCounters:
+    """Cumulative counters, kept on the scheduler side."""
+
+    requests: int = 0
+    lookup_tokens: int = 0
+    hit_tokens_l1: int = 0
+    hit_tokens_l2: int = 0
+    requests_hit_l1_only: int = 0
+    requests_hit_l2_only: int = 0
+    requests_hit_mixed: int = 0
+    loaded_blocks: int = 0
+    stored_blocks: int = 0
+
+    def record_request(self, *, block_size: int, prompt_blocks: int, hit_tiers: Sequence[str]) -> None:
+        """Count one request's first lookup: which of its prompt blocks hit, in which tier."""
+        self.requests += 1
+        self.lookup_tokens += prompt_blocks * block_size
+        l1 = sum(1 for tier in hit_tiers if tier == "l1")
+        l2 = len(hit_tiers) - l1
+        self.hit_tokens_l1 += l1 * block_size
+        self.hit_tokens_l2 += l2 * block_size
+        if l1 and l2:
+            self.requests_hit_mixed += 1
+        elif l1:
+            self.requests_hit_l1_only += 1
+        elif l2:
+            self.requests_hit_l2_only += 1
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def delta(self, since: Mapping[str, int]) -> dict[str, int]:
+        """Counter increases since the snapshot `since`."""
+        now = self.as_dict()
+        return {key: value - since.get(key, 0) for key, value in now.items()}
+
+    def hit_line(self) -> str:
+        """The `[CPU-OFFLOAD HIT]` line: token and request hit rates, split by tier."""
+        total = max(self.lookup_tokens, 1)
+        hits = self.requests_hit_l1_only + self.requests_hit_l2_only + self.requests_hit_mixed
+        return (
+            f"[CPU-OFFLOAD HIT] requests={self.requests} "
+            f"request_hit_rate={100.0 * hits / max(self.requests, 1):.1f}% "
+            f"(l1_only={self.requests_hit_l1_only} l2_only={self.requests_hit_l2_only} "
+            f"mixed={self.requests_hit_mixed}) "
+            f"token_hit_rate={100.0 * (self.hit_tokens_l1 + self.hit_tokens_l2) / total:.1f}% "
+            f"(l1={100.0 * self.hit_tokens_l1 / total:.1f}% "
+            f"l2={100.0 * self.hit_tokens_l2 / total:.1f}%) "
+            f"hit_tokens={self.hit_tokens_l1 + self.hit_tokens_l2} "
+            f"lookup_tokens={self.lookup_tokens}"
+        )
+
+
+def eviction_line(store_stats: Mapping[str, int]) -> str:
+    """The `Marconi eviction: stats=` line from the store's counters."""
+    fields = ("tracked", "l1", "l2", "demotes", "promotes", "hoisted")
+    body = " ".join(f"{name}={store_stats.get(name, 0)}" for name in fields)
+    return f"Marconi eviction: stats={body}"

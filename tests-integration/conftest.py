@@ -1,0 +1,119 @@
+"""Fixtures for suites that run real vLLM (CPU build) with our packages.
+
+Engines run in subprocesses (`drivers/generate.py`) so each test gets a fresh vLLM, the
+way a user's `vllm serve` would, and a restart is a real new process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import tiny_model  # noqa: E402
+
+BLOCK = 32
+VOCAB = 900  # below the tiny tokenizer's vocabulary size
+
+
+@dataclass
+class EngineRun:
+    """What one engine process produced: per phase, per prompt outputs; and its log."""
+
+    phases: list[list[dict[str, Any]]]
+    log: str
+
+    def tokens(self, phase: int) -> list[list[int]]:
+        return [out["tokens"] for out in self.phases[phase]]
+
+    def cached(self, phase: int) -> list[int]:
+        return [out["cached"] for out in self.phases[phase]]
+
+    def last_line(self, marker: str) -> str:
+        lines = [line for line in self.log.splitlines() if marker in line]
+        assert lines, f"no log line contains {marker!r}"
+        return lines[-1]
+
+
+def engine_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        PYTHONHASHSEED="0",
+    )
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(HERE / "sitecustomize"), env.get("PYTHONPATH", "")) if p
+    )
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cached = os.environ.get("KV_TEST_MODELS")
+    return Path(cached) if cached else tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(models_dir: Path) -> str:
+    return str(tiny_model.build(models_dir / "tiny-llama", "llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_next(models_dir: Path) -> str:
+    return str(tiny_model.build(models_dir / "tiny-qwen3-next", "qwen3-next"))
+
+
+@pytest.fixture
+def run_engine(tmp_path: Path) -> Callable[..., EngineRun]:
+    """Run `drivers/generate.py` with a spec; returns its results and log."""
+    counter = iter(range(1000))
+
+    def run(spec: dict[str, Any], timeout: float = 600, **env: str) -> EngineRun:
+        spec_file = tmp_path / f"spec{next(counter)}.json"
+        spec_file.write_text(json.dumps(spec))
+        proc = subprocess.run(
+            [sys.executable, str(HERE / "drivers" / "generate.py"), str(spec_file)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=engine_env(**env),
+        )
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            pytest.fail(f"engine exited with {proc.returncode}:\n{log[-6000:]}")
+        result_line = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        return EngineRun(phases=json.loads(result_line[-1][len("RESULT ") :]), log=log)
+
+    return run
+
+
+def make_prompt(seed: int, blocks: int, tail: int = 5, prefix: list[int] | None = None) -> list[int]:
+    """Random token ids: an optional shared prefix, `blocks` full blocks, and a tail."""
+    rng = random.Random(seed)
+    body = [rng.randrange(10, VOCAB) for _ in range(blocks * BLOCK + tail)]
+    return (prefix or []) + body
+
+
+def connector_config(**extra: Any) -> dict[str, Any]:
+    return {
+        "kv_connector": "MarconiOffloadConnector",
+        "kv_connector_module_path": "vllm_marconi_offload",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"hit_log_interval": 1, **extra},
+    }

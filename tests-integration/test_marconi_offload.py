@@ -1,0 +1,126 @@
+"""vllm-marconi-offload on real vLLM: same tokens, hits from L1, from L2, after restart."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import BLOCK, EngineRun, connector_config, make_prompt
+
+pytestmark = pytest.mark.vllm
+
+SHARED = make_prompt(seed=1, blocks=12, tail=0)
+PROMPT_A = make_prompt(seed=2, blocks=4, prefix=SHARED)
+PROMPT_B = make_prompt(seed=3, blocks=4, prefix=SHARED)
+
+
+def hit_counts(run: EngineRun) -> dict[str, int]:
+    """Parse the last `[CPU-OFFLOAD HIT]` line into its counters."""
+    line = run.last_line("[CPU-OFFLOAD HIT]")
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)(?=[ )]|$)", line)}
+
+
+def hit_percent(run: EngineRun, tier: str) -> float:
+    line = run.last_line("[CPU-OFFLOAD HIT]")
+    match = re.search(rf"\b{tier}=([\d.]+)%", line)
+    assert match, line
+    return float(match.group(1))
+
+
+def full_blocks(prompt: list[int]) -> int:
+    """Tokens a connector may serve: whole blocks, leaving one token to compute."""
+    return (len(prompt) - 1) // BLOCK * BLOCK
+
+
+@pytest.fixture
+def baseline(tiny_llama: str, run_engine: Callable[..., EngineRun]) -> EngineRun:
+    return run_engine({"model": tiny_llama, "phases": [{"prompts": [PROMPT_A, PROMPT_B]}]})
+
+
+def test_l1_hits_after_prefix_cache_reset_give_identical_tokens(
+    tiny_llama: str, run_engine: Callable[..., EngineRun], baseline: EngineRun, tmp_path: Path
+) -> None:
+    spec = {
+        "model": tiny_llama,
+        "kv_transfer_config": connector_config(
+            cpu_pool_path=str(tmp_path / "l1"), cpu_bytes_to_use=64 << 20
+        ),
+        "phases": [
+            {"prompts": [PROMPT_A, PROMPT_B]},
+            {"reset_prefix_cache": True, "prompts": [PROMPT_A, PROMPT_B]},
+        ],
+    }
+    run = run_engine(spec)
+    assert run.tokens(0) == baseline.tokens(0)
+    assert run.tokens(1) == baseline.tokens(0)
+    # vLLM's own cache was emptied: every cached token of phase 2 came from our L1.
+    assert run.cached(1) == [full_blocks(PROMPT_A), full_blocks(PROMPT_B)]
+    assert hit_percent(run, "l1") > 0
+    assert hit_percent(run, "l2") == 0
+
+
+def test_l2_serves_what_l1_evicted(
+    tiny_llama: str, run_engine: Callable[..., EngineRun], baseline: EngineRun, tmp_path: Path
+) -> None:
+    others = [make_prompt(seed=100 + i, blocks=16) for i in range(4)]
+    l1_bytes = 24 * 16384  # 24 slots of 16 KiB: far less than the 5 prompts' 80+ blocks
+    spec = {
+        "model": tiny_llama,
+        "kv_transfer_config": connector_config(
+            cpu_pool_path=str(tmp_path / "l1"),
+            cpu_bytes_to_use=l1_bytes,
+            l2_pool_path=str(tmp_path / "l2"),
+            l2_bytes_to_use=64 << 20,
+        ),
+        "phases": [
+            {"prompts": [PROMPT_A]},
+            {"prompts": others},
+            {"reset_prefix_cache": True, "prompts": [PROMPT_A]},
+        ],
+    }
+    run = run_engine(spec)
+    assert run.tokens(2) == baseline.tokens(0)[:1]
+    assert run.cached(2) == [full_blocks(PROMPT_A)]
+    assert hit_percent(run, "l2") > 0
+
+
+def test_l2_hits_after_engine_restart(
+    tiny_llama: str, run_engine: Callable[..., EngineRun], baseline: EngineRun, tmp_path: Path
+) -> None:
+    config = connector_config(
+        cpu_pool_path=str(tmp_path / "l1"),
+        cpu_bytes_to_use=64 << 20,
+        l2_pool_path=str(tmp_path / "l2"),
+        l2_bytes_to_use=64 << 20,
+    )
+    first = run_engine(
+        {"model": tiny_llama, "kv_transfer_config": config, "phases": [{"prompts": [PROMPT_A]}]}
+    )
+    assert first.cached(0) == [0]
+    second = run_engine(
+        {"model": tiny_llama, "kv_transfer_config": config, "phases": [{"prompts": [PROMPT_A]}]}
+    )
+    assert second.tokens(0) == baseline.tokens(0)[:1]
+    assert second.cached(0) == [full_blocks(PROMPT_A)]
+    assert hit_percent(second, "l2") > 0
+
+
+def test_plugin_name_alone_selects_the_connector(
+    tiny_llama: str, run_engine: Callable[..., EngineRun], baseline: EngineRun, tmp_path: Path
+) -> None:
+    config = connector_config(cpu_pool_path=str(tmp_path / "l1"), cpu_bytes_to_use=64 << 20)
+    del config["kv_connector_module_path"]
+    run = run_engine(
+        {
+            "model": tiny_llama,
+            "kv_transfer_config": config,
+            "phases": [
+                {"prompts": [PROMPT_A]},
+                {"reset_prefix_cache": True, "prompts": [PROMPT_A]},
+            ],
+        }
+    )
+    assert run.tokens(1) == baseline.tokens(0)[:1]
+    assert run.cached(1) == [full_blocks(PROMPT_A)]
