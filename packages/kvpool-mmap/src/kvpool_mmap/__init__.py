@@ -1,0 +1,50 @@
+"""Tiered slab store for KV-cache blocks: a pinned mmap L1 (tmpfs) and a crash-safe L2 (disk).
+
+    >>> store = TieredStore(config)                 # standalone: creates the L1 rank files
+    >>> ticket = store.begin_store(keys)            # pinned L1 slots to write
+    >>> store.l1_files[0].array[ticket.l1_slots[0]] = block_bytes
+    >>> store.commit_store(ticket)                  # visible; written through to L2
+    >>> load = store.begin_load(keys); store.poll_load(load); store.end_load(load)
+
+In vLLM, workers map their rank's L1 file with `open_l1_rank(config, rank, create=True)`
+and the scheduler owns `TieredStore(config, create_l1=False)`.
+"""
+
+from ._codec import FORMAT_VERSION, HEADER_BYTES
+from ._config import MAX_KEY_BYTES, PAGE, StoreConfig, TierConfig
+from ._errors import (
+    ConfigError,
+    InsufficientSpaceError,
+    KvPoolError,
+    LayoutMismatchError,
+    PoolInUseError,
+)
+from ._l1 import L1RankFile, open_l1_rank
+from ._recovery import RecoveryReport
+from ._store import TieredStore
+from ._types import LoadStatus, LoadTicket, StoreStats, StoreTicket, Tier
+from ._version import __version__
+
+__all__ = [
+    "FORMAT_VERSION",
+    "HEADER_BYTES",
+    "MAX_KEY_BYTES",
+    "PAGE",
+    "ConfigError",
+    "InsufficientSpaceError",
+    "KvPoolError",
+    "L1RankFile",
+    "LayoutMismatchError",
+    "LoadStatus",
+    "LoadTicket",
+    "PoolInUseError",
+    "RecoveryReport",
+    "StoreConfig",
+    "StoreStats",
+    "StoreTicket",
+    "Tier",
+    "TierConfig",
+    "TieredStore",
+    "__version__",
+    "open_l1_rank",
+]

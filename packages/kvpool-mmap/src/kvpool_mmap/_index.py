@@ -1,0 +1,108 @@
+"""The in-memory index: one entry per cached key, its slots and their states; free lists.
+
+Pure bookkeeping, no I/O, no threads: only the store's owner thread touches it.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+
+class SlotState(enum.IntEnum):
+    """State of a key's copy in one tier."""
+
+    NONE = 0
+    WRITING = 1
+    """L1: allocated by begin_store, the worker is writing it. L2: a write is in flight."""
+    FILLING = 2
+    """L1 only: a promotion from L2 is in flight."""
+    VALID = 3
+
+
+class Entry:
+    """Where one key lives. Pins count users of a copy (loads, transfers reading it)."""
+
+    __slots__ = (
+        "depth",
+        "evicting",
+        "key",
+        "l1",
+        "l1_pins",
+        "l1_state",
+        "l2",
+        "l2_pins",
+        "l2_state",
+        "parent",
+        "wt_queued",
+    )
+
+    def __init__(self, key: bytes, parent: bytes | None, depth: int) -> None:
+        self.key = key
+        self.parent = parent
+        self.depth = depth
+        self.l1 = -1
+        self.l1_state = SlotState.NONE
+        self.l1_pins = 0
+        self.evicting = False
+        """L1 copy chosen as a victim while not yet in L2: demotion in flight."""
+        self.l2 = -1
+        self.l2_state = SlotState.NONE
+        self.l2_pins = 0
+        self.wt_queued = False
+
+    @property
+    def l1_readable(self) -> bool:
+        """A committed L1 copy exists (possibly being demoted)."""
+        return self.l1_state == SlotState.VALID
+
+    @property
+    def l2_readable(self) -> bool:
+        """A complete L2 copy exists."""
+        return self.l2_state == SlotState.VALID
+
+    @property
+    def empty(self) -> bool:
+        """No copy in either tier and no user: the entry can be forgotten."""
+        return (
+            self.l1_state == SlotState.NONE
+            and self.l2_state == SlotState.NONE
+            and self.l1_pins == 0
+            and self.l2_pins == 0
+        )
+
+
+class FreeList:
+    """Free slot numbers of one tier (LIFO, so recently used pages stay warm)."""
+
+    def __init__(self, num_slots: int, used: set[int] | None = None) -> None:
+        used = used or set()
+        self._free = [s for s in range(num_slots - 1, -1, -1) if s not in used]
+        self.num_slots = num_slots
+
+    def pop(self) -> int:
+        """A free slot; IndexError if none."""
+        return self._free.pop()
+
+    def push(self, slot: int) -> None:
+        """Return a slot."""
+        self._free.append(slot)
+
+    def __len__(self) -> int:
+        return len(self._free)
+
+
+class L2Meta:
+    """Per-L2-slot payload checksums (one per rank), kept in compact numpy arrays."""
+
+    def __init__(self, num_slots: int, ranks: int) -> None:
+        self.checksums = np.zeros((num_slots, ranks), dtype=np.uint64)
+
+    def set(self, slot: int, checksums: list[int]) -> None:
+        """Record the checksums of a freshly written or recovered slot."""
+        self.checksums[slot] = checksums
+
+    def get(self, slot: int) -> list[int]:
+        """The checksums recorded for a slot."""
+        return [int(c) for c in self.checksums[slot]]

@@ -1,0 +1,129 @@
+"""The L1 rank file: one mmap'd file per tensor-parallel rank, slots as zero-copy views.
+
+Layout: one superblock page, then `num_slots * stride` bytes of slots (slot s at
+PAGE + s * stride). Slot indices are the same in every rank file of an engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from . import _cuda
+from ._codec import L1_MAGIC, Superblock, describe_mismatch, expected_superblock
+from ._config import PAGE, StoreConfig, prepare_dir
+from ._errors import LayoutMismatchError
+from ._slab import close_map, create_fresh, map_file, read_page0
+
+log = logging.getLogger("kvpool_mmap")
+
+
+class L1RankFile:
+    """One rank's L1 file, mapped read/write.
+
+    Threading: the mapping is shared; distinct slots may be read and written from any
+    thread or process. The store decides who may touch which slot (see TieredStore).
+    """
+
+    def __init__(self, config: StoreConfig, rank: int, *, create: bool) -> None:
+        config.check_tp_rank(rank)
+        prepare_dir(config.l1.path, "l1.path")
+        self.config = config
+        self.rank = rank
+        self.stride = config.stride
+        self.num_slots = config.l1_slots
+        self.path = config.l1_file(rank)
+        self.created = create
+        want = expected_superblock(config, rank, L1_MAGIC, self.num_slots, config.stride)
+        self.data_offset = want.data_offset
+        size = self.data_offset + self.num_slots * self.stride
+        if create:
+            create_fresh(self.path, size, want.encode(), "l1.bytes_to_use")
+        try:
+            self._fd = os.open(self.path, os.O_RDWR)
+        except FileNotFoundError:
+            raise LayoutMismatchError(
+                f"L1 file {self.path} for tp rank {rank} does not exist: the worker of that "
+                "rank must call open_l1_rank(config, rank, create=True) before the store "
+                "attaches (or construct TieredStore(config) with create_l1=True)"
+            ) from None
+        try:
+            found = Superblock.decode(read_page0(self._fd, PAGE), L1_MAGIC)
+            if found != want:
+                raise LayoutMismatchError(
+                    f"L1 file {self.path} does not match this config: "
+                    f"{describe_mismatch(found, want)}"
+                )
+            if os.fstat(self._fd).st_size < size:
+                raise LayoutMismatchError(f"L1 file {self.path} is shorter than {size} bytes")
+            self._mm = map_file(self._fd, size)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self.array: np.ndarray = np.frombuffer(
+            self._mm, dtype=np.uint8, count=self.num_slots * self.stride, offset=self.data_offset
+        ).reshape(self.num_slots, self.stride)
+        """uint8 [num_slots, stride]; a zero-copy view of the file."""
+        self._registered = False
+        self._closed = False
+
+    def slot(self, index: int) -> np.ndarray:
+        """uint8 [stride] view of one slot."""
+        view: np.ndarray = self.array[index]
+        return view
+
+    def buffer(self, index: int) -> memoryview:
+        """Writable memoryview of one slot (for os.preadv / os.pwrite)."""
+        start = self.data_offset + index * self.stride
+        return memoryview(self._mm)[start : start + self.stride]
+
+    def torch_view(self) -> Any:
+        """torch.uint8 [num_slots, stride] sharing memory with the file (needs torch)."""
+        return _cuda.torch_from_numpy(self.array)
+
+    def register_cuda(self) -> bool:
+        """Page-lock the slots for DMA (cudaHostRegister). False (no-op) without CUDA."""
+        if self._registered:
+            return True
+        self._registered = _cuda.host_register(self.array.ctypes.data, self.array.nbytes)
+        return self._registered
+
+    def unregister_cuda(self) -> None:
+        """Undo register_cuda (no-op if not registered)."""
+        if self._registered:
+            _cuda.host_unregister(self.array.ctypes.data)
+            self._registered = False
+
+    def close(self, unlink: bool = False) -> None:
+        """Unmap (views still alive keep the memory) and optionally delete the file."""
+        if self._closed:
+            return
+        self._closed = True
+        self.unregister_cuda()
+        del self.array
+        close_map(self._mm)
+        os.close(self._fd)
+        if unlink:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+    def __enter__(self) -> L1RankFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(unlink=self.created)
+
+
+def open_l1_rank(config: StoreConfig, rank: int, create: bool = True) -> L1RankFile:
+    """Map tensor-parallel rank `rank`'s L1 file.
+
+    create=True (a vLLM worker at start-up, or a standalone store) makes the file fresh,
+    reserving its space (InsufficientSpaceError if the tmpfs is too small); create=False
+    attaches to an existing file and raises LayoutMismatchError if it is missing or was
+    made for another geometry, engine or fingerprint.
+    """
+    return L1RankFile(config, rank, create=create)

@@ -1,0 +1,192 @@
+"""The L2 rank file: superblock, header table, page-aligned payloads; positional I/O only.
+
+Layout: page 0 superblock | header table (num_slots * HEADER_BYTES, page rounded) |
+payloads (num_slots * payload_bytes, each page aligned).
+
+The file is locked (flock, exclusive) while open, so a second process configured with the
+same engine id and directory fails at once (PoolInUseError) instead of corrupting it.
+
+Threading: every method except open/close may be called from several threads at once for
+distinct slots; the store orders operations on one slot.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import mmap
+import os
+
+import numpy as np
+
+from ._codec import (
+    EMPTY_HEADER,
+    HEADER_BYTES,
+    L2_MAGIC,
+    Superblock,
+    describe_mismatch,
+    expected_superblock,
+)
+from ._config import PAGE, StoreConfig, prepare_dir
+from ._errors import LayoutMismatchError, PoolInUseError
+from ._slab import read_exact, reserve, write_all
+
+log = logging.getLogger("kvpool_mmap")
+
+
+class L2RankFile:
+    """One rank's L2 file, opened (and wiped if written under another layout)."""
+
+    def __init__(self, config: StoreConfig, rank: int) -> None:
+        assert config.l2 is not None
+        prepare_dir(config.l2.path, "l2.path")
+        self.rank = rank
+        self.path = config.l2_file(rank)
+        self.num_slots = config.l2_slots
+        self.stride = config.stride
+        self.payload_bytes = config.l2_payload_bytes
+        self.want = expected_superblock(config, rank, L2_MAGIC, self.num_slots, self.payload_bytes)
+        self.header_offset = self.want.header_offset
+        self.data_offset = self.want.data_offset
+        self.size = self.data_offset + self.num_slots * self.payload_bytes
+        self.wiped = False
+        self._fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
+        self._dfd = -1
+        try:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise PoolInUseError(
+                    errno.EBUSY,
+                    f"{self.path} is in use by another process (same engine_id "
+                    f"{config.engine_id!r} and l2.path); give each engine its own engine_id",
+                ) from None
+            self._open_or_wipe()
+            self._dfd = self._open_direct(config)
+        except BaseException:
+            self._close_fds()
+            raise
+        self.direct = self._dfd != self._fd
+
+    def _open_or_wipe(self) -> None:
+        st = os.fstat(self._fd)
+        reason = ""
+        if st.st_size == 0:
+            reason = "new"
+        else:
+            try:
+                found = Superblock.decode(os.pread(self._fd, PAGE, 0), L2_MAGIC)
+                if found != self.want:
+                    reason = describe_mismatch(found, self.want)
+            except LayoutMismatchError as exc:
+                reason = str(exc)
+            if not reason and st.st_size < self.size:
+                reason = f"file is {st.st_size} bytes, expected {self.size}"
+        if not reason:
+            return
+        if reason != "new":
+            log.warning(
+                "L2 file %s was written under another layout (%s); wiping it", self.path, reason
+            )
+        self.wiped = reason != "new"
+        # Invalidate first: a crash while wiping leaves a file that fails the superblock check.
+        write_all(self._fd, bytes(PAGE), 0)
+        os.ftruncate(self._fd, 0)
+        reserve(self._fd, self.size, self.path, "l2.bytes_to_use")
+        os.fdatasync(self._fd)
+        write_all(self._fd, self.want.encode(), 0)
+        os.fdatasync(self._fd)
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def _open_direct(self, config: StoreConfig) -> int:
+        if config.direct_io == "off":
+            return self._fd
+        aligned = config.stride % PAGE == 0
+        if aligned:
+            try:
+                return os.open(self.path, os.O_RDWR | os.O_DIRECT)
+            except OSError as exc:
+                if config.direct_io == "on":
+                    raise LayoutMismatchError(
+                        f"direct_io='on' but {self.path} cannot be opened with O_DIRECT: {exc}"
+                    ) from exc
+                return self._fd
+        if config.direct_io == "on":
+            raise LayoutMismatchError(
+                f"direct_io='on' needs stride to be a multiple of {PAGE}, got {config.stride}"
+            )
+        return self._fd
+
+    # --- headers ----------------------------------------------------------------------
+
+    def read_header_table(self) -> np.ndarray:
+        """uint8 [num_slots, HEADER_BYTES]: the whole header table in one read."""
+        raw = os.pread(self._fd, self.num_slots * HEADER_BYTES, self.header_offset)
+        if len(raw) != self.num_slots * HEADER_BYTES:
+            raise OSError(errno.EIO, f"short read of the header table of {self.path}")
+        return np.frombuffer(raw, dtype=np.uint8).reshape(self.num_slots, HEADER_BYTES)
+
+    def write_header(self, slot: int, header: bytes) -> None:
+        """Write one header-table entry (EMPTY_HEADER invalidates the slot)."""
+        write_all(self._fd, header, self.header_offset + slot * HEADER_BYTES)
+
+    def invalidate(self, slot: int) -> None:
+        """Mark a slot empty."""
+        self.write_header(slot, EMPTY_HEADER)
+
+    # --- payloads ---------------------------------------------------------------------
+
+    def payload_offset(self, slot: int) -> int:
+        """Byte offset of a slot's payload."""
+        return self.data_offset + slot * self.payload_bytes
+
+    def write_payload(self, slot: int, data: memoryview) -> None:
+        """Write `stride` bytes (O_DIRECT when enabled: `data` must then be page aligned)."""
+        write_all(self._dfd, data, self.payload_offset(slot))
+
+    def read_payload(self, slot: int, into: memoryview) -> None:
+        """Read `stride` bytes into `into` (O_DIRECT when enabled: page aligned)."""
+        read_exact(self._dfd, into, self.payload_offset(slot))
+
+    def read_payload_copy(self, slot: int) -> bytes:
+        """Read a payload into a fresh page-aligned buffer and return its bytes."""
+        buf = mmap.mmap(-1, max(self.payload_bytes, PAGE))
+        try:
+            view = memoryview(buf)[: self.stride]
+            self.read_payload(slot, view)
+            out = bytes(view)
+            view.release()
+        finally:
+            buf.close()
+        return out
+
+    def sync(self) -> None:
+        """fdatasync the file (payloads and headers)."""
+        os.fdatasync(self._fd)
+
+    def drop_cache(self) -> None:
+        """Ask the kernel to drop this file's cached pages (after sync; buffered mode only)."""
+        if not self.direct:
+            os.posix_fadvise(self._fd, self.data_offset, 0, os.POSIX_FADV_DONTNEED)
+
+    def _close_fds(self) -> None:
+        if self._dfd not in (-1, self._fd):
+            os.close(self._dfd)
+        self._dfd = -1
+        if self._fd != -1:
+            os.close(self._fd)  # releases the flock
+            self._fd = -1
+
+    def close(self) -> None:
+        """Sync and close (releases the lock)."""
+        if self._fd == -1:
+            return
+        try:
+            self.sync()
+        finally:
+            self._close_fds()

@@ -1,0 +1,127 @@
+"""Rebuild the L2 index from the slot headers of every rank file.
+
+The write protocol (see TieredStore / _io.write_block) per rank file is:
+
+1. invalidate the slot header (EMPTY),
+2. write the payload,
+3. [l2_fsync='always': fdatasync]
+4. write the new header (key, generation, length, depth, payload checksum, header checksum),
+5. [l2_fsync='always': fdatasync]
+
+so after a process crash at any point a slot's header is EMPTY, or describes exactly the
+payload beside it. A block is recovered only if every rank file holds a valid header with
+the same key and generation at that slot; if a key appears in several slots the newest
+generation wins and the others are invalidated. After a power loss without fsync a header
+may describe a payload that never reached the disk: the payload checksum, verified on every
+promotion (and on open with verify_on_open), turns that into a miss.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ._codec import HeaderState, decode_header, live_header_indices, payload_checksum
+from ._l2file import L2RankFile
+
+log = logging.getLogger("kvpool_mmap")
+
+
+@dataclass
+class RecoveredBlock:
+    """One block found intact in every rank file."""
+
+    slot: int
+    key: bytes
+    generation: int
+    depth: int
+    checksums: list[int]
+
+
+@dataclass
+class RecoveryReport:
+    """What open() found in L2."""
+
+    blocks: list[RecoveredBlock] = field(default_factory=list)
+    corrupt_headers: int = 0
+    """Header-table entries whose own checksum failed (torn header writes)."""
+    incomplete: int = 0
+    """Slots valid in some rank files only (crash between ranks)."""
+    duplicates: int = 0
+    """Older copies of a key that also exists in a newer slot."""
+    bad_payloads: int = 0
+    """Slots dropped because the payload checksum failed (verify_on_open only)."""
+    wiped_files: int = 0
+    """Rank files wiped because they were written under another layout."""
+    max_generation: int = 0
+
+
+def recover(files: list[L2RankFile], stride: int, verify: bool = False) -> RecoveryReport:
+    """Scan the header tables; invalidate what cannot be used; return the usable blocks."""
+    report = RecoveryReport(wiped_files=sum(f.wiped for f in files))
+    per_rank: list[dict[int, tuple[bytes, int, int, int]]] = []
+    for f in files:
+        table = f.read_header_table()
+        found: dict[int, tuple[bytes, int, int, int]] = {}
+        for slot in live_header_indices(table).tolist():
+            state, hdr = decode_header(table[slot].tobytes())
+            if state is HeaderState.CORRUPT or hdr is None:
+                report.corrupt_headers += 1
+                f.invalidate(slot)
+                continue
+            report.max_generation = max(report.max_generation, hdr.generation)
+            if hdr.length != stride:
+                report.corrupt_headers += 1
+                f.invalidate(slot)
+                continue
+            found[slot] = (hdr.key, hdr.generation, hdr.depth, hdr.checksum)
+        per_rank.append(found)
+
+    newest: dict[bytes, RecoveredBlock] = {}
+    for slot, (key, gen, depth, c0) in per_rank[0].items():
+        checksums = [c0]
+        for found in per_rank[1:]:
+            other = found.get(slot)
+            if other is None or other[0] != key or other[1] != gen:
+                break
+            checksums.append(other[3])
+        if len(checksums) != len(files):
+            report.incomplete += 1
+            _invalidate(files, slot)
+            continue
+        block = RecoveredBlock(slot, key, gen, depth, checksums)
+        old = newest.get(key)
+        if old is not None:
+            report.duplicates += 1
+            loser = old if old.generation < gen else block
+            _invalidate(files, loser.slot)
+            if loser is block:
+                continue
+        newest[key] = block
+    # slots valid in a higher rank but absent from rank 0
+    for found in per_rank[1:]:
+        for slot in found.keys() - per_rank[0].keys():
+            report.incomplete += 1
+            _invalidate(files, slot)
+
+    blocks = sorted(newest.values(), key=lambda b: b.generation)
+    if verify:
+        good = []
+        for b in blocks:
+            if all(
+                payload_checksum(f.read_payload_copy(b.slot)) == c
+                for f, c in zip(files, b.checksums, strict=True)
+            ):
+                good.append(b)
+            else:
+                report.bad_payloads += 1
+                log.warning("L2 slot %d (key %s) failed its checksum on open", b.slot, b.key.hex())
+                _invalidate(files, b.slot)
+        blocks = good
+    report.blocks = blocks
+    return report
+
+
+def _invalidate(files: list[L2RankFile], slot: int) -> None:
+    for f in files:
+        f.invalidate(slot)
