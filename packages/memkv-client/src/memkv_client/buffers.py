@@ -1,0 +1,64 @@
+"""Turning caller arguments (keys, buffers, raw addresses) into bytes and memoryviews."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from .errors import KeyTooLongError, LocalProtocolError
+from .protocol import MAX_KEY_LEN
+
+__all__ = ["as_key", "as_view"]
+
+BufferOrAddress = Any  # a Python buffer (memoryview, bytearray, numpy array, ...) or an int
+
+
+def as_key(key: bytes | str) -> bytes:
+    """Encode a key (str as UTF-8) and enforce the 1..512-byte wire limit."""
+    if isinstance(key, str):
+        data = key.encode()
+    elif isinstance(key, bytes | bytearray | memoryview):
+        data = bytes(key)
+    else:
+        raise LocalProtocolError(f"invalid key of type {type(key).__name__!r}: use bytes or str")
+    if not data:
+        raise LocalProtocolError("empty key: keys must be 1..512 bytes")
+    if len(data) > MAX_KEY_LEN:
+        raise KeyTooLongError(
+            f"key of {len(data)} bytes exceeds the {MAX_KEY_LEN}-byte wire limit "
+            f"(hash long keys client-side): {data[:40]!r}..."
+        )
+    return data
+
+
+def as_view(buf: BufferOrAddress, length: int, *, writable: bool) -> memoryview:
+    """A byte memoryview of exactly ``length`` bytes over ``buf``.
+
+    ``buf`` is either an object exporting a C-contiguous buffer of at least ``length``
+    bytes, or an ``int`` address of host memory that the caller keeps alive (and
+    writable, for reads) for the duration of the call.
+    """
+    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        raise LocalProtocolError(f"invalid length {length!r}: use a non-negative int")
+    if isinstance(buf, int) and not isinstance(buf, bool):
+        if buf <= 0:
+            raise LocalProtocolError(f"invalid address {buf:#x}")
+        if length == 0:
+            return memoryview(b"") if not writable else memoryview(bytearray())
+        return memoryview((ctypes.c_char * length).from_address(buf)).cast("B")
+    try:
+        view = memoryview(buf)
+    except TypeError:
+        raise LocalProtocolError(
+            f"invalid buffer of type {type(buf).__name__!r}: "
+            "pass a buffer (memoryview, bytearray, numpy array) or an int address"
+        ) from None
+    if not view.c_contiguous:
+        raise LocalProtocolError("buffer is not C-contiguous")
+    if writable and view.readonly:
+        raise LocalProtocolError("buffer is read-only; batch_get_into needs a writable buffer")
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    if view.nbytes < length:
+        raise LocalProtocolError(f"buffer holds {view.nbytes} bytes, fewer than length {length}")
+    return view[:length]

@@ -1,0 +1,395 @@
+"""The client facade: the vendor client's API over HRW routing and per-server pools.
+
+:class:`Client` is thread-safe: any number of threads may call any method at once.
+Batch calls split their items per server (HRW) and into requests of at most
+``max_batch_size`` items / ``max_request_mb`` bytes, run those requests concurrently
+(one connection each, up to ``num_connections`` per server) and return per-item
+results in input order.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from . import protocol as p
+from .auth import Signer, dev_key
+from .buffers import BufferOrAddress, as_key, as_view
+from .config import Config, Transport, is_loopback, load_config, parse_address
+from .errors import (
+    ConfigError,
+    LocalProtocolError,
+    MemKVError,
+    RdmaUnavailableError,
+    ServerError,
+    TransportError,
+    ValueTooLargeError,
+    error_from_status,
+)
+from .pool import ServerPool
+from .protocol import Status
+from .results import ItemResult, ResultKind, result_from_status
+from .routing import Router
+from .session import TcpSession
+
+__all__ = ["Client"]
+
+log = logging.getLogger("memkv_client")
+T = TypeVar("T")
+Item = tuple[bytes | str, BufferOrAddress, int]
+
+
+class Client:
+    """A MemKV client.
+
+    :param rdma_devices: overrides the ``rdma_devices`` setting.
+    :param config: a ready :class:`Config`; otherwise it is loaded from ``MEMKV_CONFIG``,
+        ``MEMKV_*`` variables and defaults, with ``overrides`` (setting names) on top.
+    :param verbs_backend: a :class:`~memkv_client.verbs.VerbsBackend` to use for RDMA
+        instead of probing pyverbs (alternative providers, tests).
+    :raises ConfigError: a setting is invalid (the message names it).
+    :raises RdmaUnavailableError: ``transport=rdma`` and no usable RDMA device.
+    """
+
+    def __init__(
+        self,
+        rdma_devices: Sequence[str] | None = None,
+        *,
+        config: Config | None = None,
+        verbs_backend: Any = None,
+        **overrides: Any,
+    ) -> None:
+        if config is None:
+            if rdma_devices is not None:
+                overrides["rdma_devices"] = list(rdma_devices)
+            config = load_config(**overrides)
+        self.config = config
+        key = config.auth_key
+        if key is None:
+            hosts = [parse_address(s)[0] for s in config.servers]
+            if not all(is_loopback(h) for h in hosts):
+                raise ConfigError(
+                    "auth_key", "required when any server is not on loopback (MEMKV_AUTH_KEY)"
+                )
+            key = dev_key()
+        self._signer = Signer(key)
+        self._router = Router(config.servers)
+        self._rdma = self._select_rdma(verbs_backend)
+        self._pools = [self._make_pool(i, addr) for i, addr in enumerate(config.servers)]
+        workers = min(256, max(4, len(config.servers) * config.num_connections))
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="memkv")
+        self._closed = False
+        self._lock = threading.Lock()
+        self._max_request = config.max_request_mb << 20
+
+    # --- construction helpers ----------------------------------------------------------
+
+    def _select_rdma(self, verbs_backend: Any) -> Any:
+        """The RDMA engine to use, or None for TCP (logs the one info line on fallback)."""
+        if self.config.transport is Transport.TCP:
+            return None
+        from .rdma import RdmaEngine, open_verbs_backend
+
+        want = self.config.transport is not Transport.AUTO
+        backend, reason = (verbs_backend, "") if verbs_backend else open_verbs_backend(self.config)
+        if backend is None:
+            if want:
+                raise RdmaUnavailableError(f"transport={self.config.transport.value}: {reason}")
+            log.info("memkv: RDMA unavailable (%s); using TCP", reason)
+            return None
+        return RdmaEngine(backend, self.config)
+
+    def _make_pool(self, index: int, address: str) -> ServerPool[Any]:
+        bind = self.config.bind_addresses[index % len(self.config.bind_addresses)]
+
+        def factory() -> TcpSession:
+            session = TcpSession(address, self.config, self._signer, bind)
+            if self._rdma is not None:
+                return self._rdma.upgrade(session)  # type: ignore[no-any-return]
+            return session
+
+        return ServerPool(
+            address, factory, self.config.num_connections, self.config.request_timeout_ms / 1000
+        )
+
+    # --- plumbing ----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError("client is closed")
+
+    def _server_index(self, server: str | int) -> int:
+        if isinstance(server, int):
+            if not 0 <= server < len(self._pools):
+                raise LocalProtocolError(f"server index {server} out of range")
+            return server
+        try:
+            return self.config.servers.index(server)
+        except ValueError:
+            raise LocalProtocolError(
+                f"unknown server {server!r}; configured: {', '.join(self.config.servers)}"
+            ) from None
+
+    def _run_all(self, tasks: list[Callable[[], T]]) -> list[T | BaseException]:
+        """Run tasks concurrently (the first inline); return results or exceptions."""
+        futures: list[Future[T]] = [self._executor.submit(t) for t in tasks[1:]]
+        out: list[T | BaseException] = []
+        if tasks:
+            try:
+                out.append(tasks[0]())
+            except MemKVError as exc:
+                out.append(exc)
+        for f in futures:
+            try:
+                out.append(f.result())
+            except MemKVError as exc:
+                out.append(exc)
+        return out
+
+    def _chunks(self, positions: list[int], sizes: Sequence[int], limit: int) -> list[list[int]]:
+        chunks: list[list[int]] = []
+        cur: list[int] = []
+        cur_bytes = 0
+        max_items = min(self.config.max_batch_size, limit)
+        for pos in positions:
+            n = sizes[pos]
+            if cur and (len(cur) >= max_items or cur_bytes + n > self._max_request):
+                chunks.append(cur)
+                cur, cur_bytes = [], 0
+            cur.append(pos)
+            cur_bytes += n
+        if cur:
+            chunks.append(cur)
+        return chunks
+
+    def _batch(
+        self,
+        keys: list[bytes],
+        sizes: Sequence[int],
+        op: Callable[[Any, list[int]], list[ItemResult]],
+    ) -> list[ItemResult]:
+        self._check_open()
+        results: list[ItemResult] = [ItemResult(ResultKind.TRANSPORT, "not attempted")] * len(keys)
+        tasks: list[Callable[[], tuple[list[int], list[ItemResult]]]] = []
+        for server, positions in self._router.group(keys).items():
+            pool = self._pools[server]
+            for chunk in self._chunks(positions, sizes, p.MAX_BATCH_ITEMS):
+
+                def task(
+                    pool: ServerPool[Any] = pool, chunk: list[int] = chunk
+                ) -> tuple[list[int], list[ItemResult]]:
+                    try:
+                        return chunk, pool.run(lambda s: op(s, chunk))
+                    except ServerError as exc:
+                        return chunk, [ItemResult(ResultKind.SERVER, str(exc))] * len(chunk)
+                    except MemKVError as exc:
+                        return chunk, [ItemResult(ResultKind.TRANSPORT, str(exc))] * len(chunk)
+
+                tasks.append(task)
+        for outcome in self._run_all(tasks):
+            assert not isinstance(outcome, BaseException)
+            chunk, chunk_results = outcome
+            for pos, r in zip(chunk, chunk_results, strict=True):
+                results[pos] = r
+        return results
+
+    def _check_value_len(self, n: int, key: bytes) -> None:
+        if n > p.DEFAULT_MAX_VALUE_LEN:
+            raise ValueTooLargeError(
+                f"value of {n} bytes for key {key[:40]!r} exceeds the {p.DEFAULT_MAX_VALUE_LEN}"
+                "-byte protocol limit"
+            )
+
+    # --- the vendor API ----------------------------------------------------------------
+
+    def exists(self, keys: Iterable[bytes | str]) -> list[bool]:
+        """Which keys are present, in input order. Keys on unreachable servers read False."""
+        self._check_open()
+        kb = [as_key(k) for k in keys]
+        out = [False] * len(kb)
+        tasks: list[Callable[[], tuple[list[int], list[bool]]]] = []
+        for server, positions in self._router.group(kb).items():
+            pool = self._pools[server]
+            for chunk in self._chunks(positions, [0] * len(kb), p.MAX_BATCH_ITEMS):
+
+                def task(
+                    pool: ServerPool[Any] = pool, chunk: list[int] = chunk
+                ) -> tuple[list[int], list[bool]]:
+                    return chunk, pool.run(lambda s: s.exists([kb[i] for i in chunk]))
+
+                tasks.append(task)
+        for outcome in self._run_all(tasks):
+            if isinstance(outcome, BaseException):
+                log.warning("memkv: exists: %s (reported as absent)", outcome)
+                continue
+            chunk, flags = outcome
+            for pos, flag in zip(chunk, flags, strict=True):
+                out[pos] = flag
+        return out
+
+    def exists_on(self, server: str | int, keys: Iterable[bytes | str]) -> list[bool]:
+        """Ask one server directly (bypasses HRW); raises on any error."""
+        self._check_open()
+        pool = self._pools[self._server_index(server)]
+        kb = [as_key(k) for k in keys]
+        out: list[bool] = []
+        for start in range(0, len(kb), self.config.max_batch_size):
+            part = kb[start : start + self.config.max_batch_size]
+            out += self._exists_part(pool, part)
+        return out
+
+    @staticmethod
+    def _exists_part(pool: ServerPool[Any], part: list[bytes]) -> list[bool]:
+        result: list[bool] = pool.run(lambda s: s.exists(part))
+        return result
+
+    def batch_put_views(self, items: Iterable[Item]) -> list[ItemResult]:
+        """Store ``(key, buffer_or_address, length)`` items, read in place from the caller's memory.
+
+        The memory must stay alive and unchanged until the call returns.
+        """
+        keys: list[bytes] = []
+        views: list[memoryview] = []
+        for key, buf, length in items:
+            k = as_key(key)
+            self._check_value_len(length, k)
+            keys.append(k)
+            views.append(as_view(buf, length, writable=False))
+
+        def op(session: Any, chunk: list[int]) -> list[ItemResult]:
+            codes = session.put([(keys[i], views[i]) for i in chunk])
+            return [result_from_status(c) for c in codes]
+
+        return self._batch(keys, [len(v) for v in views], op)
+
+    def batch_get_into(self, items: Iterable[Item]) -> list[ItemResult]:
+        """Read ``(key, buffer_or_address, length)`` items into the caller's memory.
+
+        Full length or miss: an item is OK only if the stored value is exactly ``length``
+        bytes; otherwise it is a MISS and its buffer content is unspecified.
+        """
+        keys: list[bytes] = []
+        views: list[memoryview] = []
+        for key, buf, length in items:
+            k = as_key(key)
+            keys.append(k)
+            views.append(as_view(buf, length, writable=True))
+
+        def op(session: Any, chunk: list[int]) -> list[ItemResult]:
+            pairs = session.get_into([(keys[i], views[i]) for i in chunk])
+            return [result_from_status(c, n) for c, n in pairs]
+
+        return self._batch(keys, [len(v) for v in views], op)
+
+    def put(self, key: bytes | str, data: BufferOrAddress) -> None:
+        """Store one value; raises on failure."""
+        view = memoryview(data).cast("B") if not isinstance(data, int) else None
+        if view is None:
+            raise LocalProtocolError("put() takes a buffer; use batch_put_views for addresses")
+        (r,) = self.batch_put_views([(key, view, view.nbytes)])
+        self._raise_for(r)
+
+    def get(self, key: bytes | str) -> bytes | None:
+        """Read one value, or None if absent."""
+        for _ in range(8):  # a concurrent overwrite may change the size between the two calls
+            n = self.size(key)
+            if n is None:
+                return None
+            buf = bytearray(n)
+            (r,) = self.batch_get_into([(key, buf, n)])
+            if r.ok:
+                return bytes(buf)
+            if r.kind is not ResultKind.MISS:
+                self._raise_for(r)
+        return None
+
+    def size(self, key: bytes | str) -> int | None:
+        """Length of the stored value, or None if absent."""
+        k = as_key(key)
+        pool = self._pools[self._router.route(k)]
+        ((status, n),) = pool.run(lambda s: s.size([k]))
+        if status == Status.OK:
+            return int(n)
+        if status == Status.NOT_FOUND:
+            return None
+        raise error_from_status(Status(status), f"size({k!r})")
+
+    def delete(self, key: bytes | str) -> bool:
+        """Remove a value; True if it existed."""
+        k = as_key(key)
+        pool = self._pools[self._router.route(k)]
+        (status,) = pool.run(lambda s: s.delete([k]))
+        return bool(status == Status.OK)
+
+    def servers(self) -> list[str]:
+        """The configured servers, in configuration order."""
+        return list(self.config.servers)
+
+    def has_rdma(self) -> bool:
+        """Whether this client moves data over RDMA (False means TCP)."""
+        return self._rdma is not None
+
+    def warmup(self) -> list[str]:
+        """Connect to every server now; return the servers that could not be reached."""
+        self._check_open()
+
+        def probe(pool: ServerPool[Any]) -> Callable[[], bool]:
+            return lambda: pool.run(lambda s: True)
+
+        failed = []
+        for pool, outcome in zip(
+            self._pools, self._run_all([probe(pl) for pl in self._pools]), strict=True
+        ):
+            if isinstance(outcome, BaseException):
+                log.warning("memkv: warmup: %s", outcome)
+                failed.append(pool.address)
+        return failed
+
+    def register_region(self, addr: int, length: int) -> None:
+        """Declare host memory that will be used as a source/target (RDMA registers it)."""
+        if self._rdma is not None:
+            self._rdma.register_region(addr, length)
+
+    def deregister_region(self, addr: int) -> None:
+        """Forget a region registered with :meth:`register_region`; call before freeing it."""
+        if self._rdma is not None:
+            self._rdma.deregister_region(addr)
+
+    def stats(self, server: str | int = 0) -> dict[str, Any]:
+        """The server's statistics (lanes, capacity, counters)."""
+        pool = self._pools[self._server_index(server)]
+        result: dict[str, Any] = pool.run(lambda s: s.stats())
+        return result
+
+    def close(self) -> None:
+        """Close every connection; the client cannot be used afterwards."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for pool in self._pools:
+            pool.close()
+        self._executor.shutdown(wait=True)
+        if self._rdma is not None:
+            self._rdma.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def _raise_for(r: ItemResult) -> None:
+        if r.ok:
+            return
+        if r.kind is ResultKind.TRANSPORT:
+            raise TransportError(r.cause)
+        status = Status.NOT_FOUND if r.kind is ResultKind.MISS else Status.SERVER_ERROR
+        name = r.cause.split(":", 1)[0]
+        if name in Status.__members__:
+            status = Status[name]
+        raise error_from_status(status, r.cause)

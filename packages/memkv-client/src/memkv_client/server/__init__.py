@@ -1,0 +1,102 @@
+"""The MemKV server: ``memkv serve`` / ``python -m memkv_client.server``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+from ..auth import ReplayGuard, Signer, dev_key
+from ..config import is_loopback, load_config, parse_address
+from ..errors import ConfigError
+from .net import MemKVServer
+from .spill import SpillDir
+from .storage import Store
+
+__all__ = ["MemKVServer", "Store", "add_serve_arguments", "main", "parse_size", "serve"]
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kb": 1000, "kib": 1 << 10,
+    "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
+    "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30,
+    "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40,
+}  # fmt: skip
+
+
+def parse_size(text: str) -> int:
+    """``"4GiB"`` → bytes. Accepts B, K/KiB/KB, M/MiB/MB, G/GiB/GB, T/TiB/TB."""
+    s = text.strip().lower().replace(" ", "")
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(num) :]
+    if unit not in _UNITS or not num:
+        raise ValueError(f"{text!r} is not a size like 4GiB, 512MiB or 1048576")
+    value = float(num)
+    if value < 0:
+        raise ValueError(f"{text!r} is negative")
+    return int(value * _UNITS[unit])
+
+
+def add_serve_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--listen", default="127.0.0.1:9900", help="host:port (port 0 = any)")
+    ap.add_argument("--memory", default="4GiB", help="value memory, e.g. 4GiB")
+    ap.add_argument("--lanes", type=int, default=4, help="capacity lanes (key namespaces)")
+    ap.add_argument("--dir", default=None, help="spill evicted values to this directory")
+    ap.add_argument("--dir-capacity", default=None, help="spill size limit (default 4x memory)")
+    ap.add_argument("--replay-window-ms", type=int, default=30000, help="timestamp window")
+    ap.add_argument("--no-prefault", action="store_true", help="do not pre-fault memory")
+    ap.add_argument("-v", "--verbose", action="store_true")
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run a server until SIGTERM/SIGINT; returns the exit status."""
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
+    try:
+        host, port = parse_address(args.listen)
+        memory = parse_size(args.memory)
+        spill_cap = parse_size(args.dir_capacity) if args.dir_capacity else 4 * memory
+        if args.lanes < 1 or args.lanes > 1024:
+            raise ValueError(f"--lanes {args.lanes} out of range 1..1024")
+        if args.replay_window_ms < 1:
+            raise ValueError("--replay-window-ms must be positive")
+        key = load_config().auth_key
+        if key is None:
+            if not is_loopback(host):
+                raise ValueError("MEMKV_AUTH_KEY is required to listen on a non-loopback address")
+            key = dev_key()
+        spill = SpillDir(args.dir, spill_cap) if args.dir else None
+        store = Store(memory, args.lanes, spill, prefault=not args.no_prefault)
+    except (ValueError, ConfigError, OSError) as exc:
+        print(f"memkv serve: {exc}", file=sys.stderr)
+        return 2
+    server = MemKVServer(
+        store, host, port, Signer(key), ReplayGuard(args.replay_window_ms * 1_000_000)
+    )
+    try:
+        server.start()
+    except OSError as exc:
+        print(f"memkv serve: cannot listen on {args.listen}: {exc.strerror}", file=sys.stderr)
+        return 2
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        server.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(
+        f"memkv: listening on {server.address} memory={store.capacity} lanes={args.lanes}"
+        + (f" dir={args.dir}" if args.dir else ""),
+        flush=True,
+    )
+    server.serve_forever()
+    print("memkv: stopped", flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="memkv serve", description="Run a MemKV server node.")
+    add_serve_arguments(ap)
+    return serve(ap.parse_args(argv))

@@ -1,0 +1,401 @@
+"""Server storage: a preallocated block arena, lanes with LRU eviction, pinned reads.
+
+Values of more than ``SMALL_MAX`` bytes live in fixed-size blocks of one anonymous mmap
+allocated (and pre-faulted) at start, so receiving a value never page-faults fresh
+memory. Smaller values are plain ``bytearray`` objects. Both count against capacity.
+
+**Lanes.** A key's namespace is its prefix before the first ``/`` (the whole key has
+namespace ``b""`` if it holds no ``/``); the namespace hashes (CRC-32) onto one of
+``lanes`` lanes. Each lane has a fair share of ``capacity / lanes`` and its own LRU
+order. A lane may borrow free memory beyond its share; when memory is full, the victim
+is the LRU value of the lane itself if it is at or over its share, otherwise of the
+lane furthest over its share. So a lane within its share is never evicted by another.
+
+**Consistency.** Readers *pin* an entry under the lock and read it outside the lock.
+An overwrite or eviction unlinks the entry from the index at once but frees its memory
+only when the last pin goes, so a reader sees the whole old value or (if it looks
+after the unlink) a miss: never partial or mixed data. Index operations (``exists``,
+lookups, commits) hold one lock briefly and never wait for eviction I/O: spilling to
+disk happens outside the lock.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..protocol import Status
+from .spill import SpillDir
+
+__all__ = ["BLOCK_SIZE", "Entry", "Reservation", "Store", "namespace_of"]
+
+BLOCK_SIZE = 256 << 10
+SMALL_MAX = 64 << 10
+
+
+def namespace_of(key: bytes) -> bytes:
+    """The lane namespace of a key: everything before the first ``/``."""
+    cut = key.find(b"/")
+    return key[:cut] if cut >= 0 else b""
+
+
+class Arena:
+    """Fixed-size blocks carved from one pre-faulted anonymous mapping (not thread-safe)."""
+
+    def __init__(self, nblocks: int, prefault: bool = True) -> None:
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+        if prefault and hasattr(mmap, "MAP_POPULATE"):
+            flags |= mmap.MAP_POPULATE
+        self.nblocks = nblocks
+        self._map = mmap.mmap(-1, max(1, nblocks) * BLOCK_SIZE, flags=flags)
+        self.view = memoryview(self._map)
+        self._free = list(range(nblocks - 1, -1, -1))
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    def alloc(self, n: int) -> list[int] | None:
+        if n > len(self._free):
+            return None
+        out = self._free[-n:]
+        del self._free[-n:]
+        return out
+
+    def release(self, blocks: Sequence[int]) -> None:
+        self._free.extend(blocks)
+
+    def block(self, i: int) -> memoryview:
+        return self.view[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]
+
+    def address(self, i: int) -> int:
+        import ctypes
+
+        return ctypes.addressof(ctypes.c_char.from_buffer(self._map)) + i * BLOCK_SIZE
+
+    def close(self) -> None:
+        self.view.release()
+        self._map.close()
+
+
+@dataclass(eq=False)
+class Entry:
+    """One stored value (in memory or spilled); pinned while ``refs > 0``."""
+
+    key: bytes
+    lane: int
+    length: int
+    charge: int  # bytes counted against capacity while held in memory
+    blocks: list[int] = field(default_factory=list)
+    small: bytearray | None = None
+    path: str | None = None  # spilled to this file
+    refs: int = 0
+    linked: bool = True  # still reachable from the index
+    freed: bool = False
+
+
+@dataclass(eq=False)
+class Reservation:
+    """Memory reserved for an incoming value; fill ``views`` then commit or abort."""
+
+    entry: Entry
+    views: list[memoryview]
+
+
+@dataclass
+class LaneStats:
+    share: int
+    used: int = 0
+    items: int = 0
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    spills: int = 0
+    lru: OrderedDict[bytes, Entry] = field(default_factory=OrderedDict)
+
+
+class Store:
+    """Thread-safe value store (see the module docstring for the rules)."""
+
+    def __init__(
+        self,
+        capacity: int,
+        lanes: int = 4,
+        spill: SpillDir | None = None,
+        prefault: bool = True,
+        wait_timeout: float = 5.0,
+    ) -> None:
+        if lanes < 1:
+            raise ValueError("lanes must be >= 1")
+        if capacity < lanes * BLOCK_SIZE:
+            raise ValueError(f"capacity must be at least lanes x {BLOCK_SIZE} bytes")
+        capacity -= capacity % BLOCK_SIZE
+        self.capacity = capacity
+        self.arena = Arena(capacity // BLOCK_SIZE, prefault)
+        self.lanes = [LaneStats(share=capacity // lanes) for _ in range(lanes)]
+        self.max_value = capacity // lanes // BLOCK_SIZE * BLOCK_SIZE
+        self.used = 0
+        self.spill = spill
+        self._index: dict[bytes, Entry] = {}
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
+        self._wait = wait_timeout
+        self._disk: OrderedDict[bytes, Entry] = OrderedDict()
+        self.counters = {"puts": 0, "gets": 0, "deletes": 0, "disk_hits": 0, "no_space": 0}
+
+    def lane_of(self, key: bytes) -> int:
+        return zlib.crc32(namespace_of(key)) % len(self.lanes)
+
+    # --- reads --------------------------------------------------------------------------
+
+    def exists(self, keys: Sequence[bytes]) -> list[bool]:
+        """Presence of each key; touches LRU order. Never waits for eviction or I/O."""
+        out = []
+        with self._lock:
+            for k in keys:
+                e = self._index.get(k)
+                if e is not None:
+                    self._touch(e)
+                out.append(e is not None)
+        return out
+
+    def size(self, key: bytes) -> int | None:
+        with self._lock:
+            e = self._index.get(key)
+            return None if e is None else e.length
+
+    def pin(self, key: bytes) -> Entry | None:
+        """Look up and pin an entry for reading (caller must :meth:`unpin`)."""
+        with self._lock:
+            e = self._index.get(key)
+            lane = self.lanes[self.lane_of(key)]
+            if e is None:
+                lane.misses += 1
+                return None
+            lane.hits += 1
+            self.counters["gets"] += 1
+            self._touch(e)
+            e.refs += 1
+            return e
+
+    def unpin(self, e: Entry) -> None:
+        with self._lock:
+            e.refs -= 1
+            if e.refs == 0 and not e.linked:
+                self._free(e)
+
+    def views(self, e: Entry) -> list[memoryview]:
+        """The value's bytes as memoryviews (in-memory entries only; pin first)."""
+        if e.small is not None:
+            return [memoryview(e.small)]
+        out = []
+        left = e.length
+        for b in e.blocks:
+            n = min(left, BLOCK_SIZE)
+            out.append(self.arena.block(b)[:n])
+            left -= n
+        return out
+
+    def _touch(self, e: Entry) -> None:
+        if e.path is not None:
+            self._disk.move_to_end(e.key)
+        else:
+            self.lanes[e.lane].lru.move_to_end(e.key)
+
+    # --- writes -------------------------------------------------------------------------
+
+    def reserve(self, key: bytes, length: int) -> Reservation | Status:
+        """Reserve memory for a value, evicting as needed; returns a status on failure."""
+        if length > self.max_value:
+            return Status.VALUE_TOO_LARGE
+        lane_i = self.lane_of(key)
+        small = length <= SMALL_MAX
+        nblocks = 0 if small else -(-length // BLOCK_SIZE)
+        charge = length if small else nblocks * BLOCK_SIZE
+        deadline: float | None = None
+        while True:
+            to_spill: list[Entry] = []
+            with self._lock:
+                status = self._make_room(lane_i, charge, to_spill)
+                if status is Status.OK:
+                    blocks: list[int] = []
+                    if nblocks:
+                        got = self.arena.alloc(nblocks)
+                        assert got is not None, "accounting guarantees free blocks"
+                        blocks = got
+                    self.used += charge
+                    self.lanes[lane_i].used += charge
+                    e = Entry(key, lane_i, length, charge, blocks, linked=False)
+                    if small:
+                        e.small = bytearray(length)
+                    return Reservation(e, self.views(e))
+                if status is Status.NO_SPACE and not to_spill:
+                    now = time.monotonic()
+                    deadline = deadline if deadline is not None else now + self._wait
+                    if now >= deadline or not self._freed.wait(deadline - now):
+                        self.counters["no_space"] += 1
+                        return Status.NO_SPACE
+                    continue
+            self._spill_out(to_spill)
+
+    def _make_room(self, lane_i: int, charge: int, to_spill: list[Entry]) -> Status:
+        """Under the lock: evict until ``charge`` fits. Victims to spill go to ``to_spill``."""
+        lane = self.lanes[lane_i]
+        while self.used + charge > self.capacity:
+            if lane.used + charge > lane.share and lane.lru:
+                victim_lane = lane
+            else:
+                over = [ln for ln in self.lanes if ln.lru and ln.used > ln.share]
+                victim_lane = max(over, key=lambda ln: ln.used - ln.share) if over else lane
+            if not victim_lane.lru:
+                return Status.NO_SPACE  # everything left is pinned/in flight: wait
+            _, victim = victim_lane.lru.popitem(last=False)
+            victim_lane.evictions += 1
+            if self.spill is not None and victim.length <= self.spill.capacity:
+                victim.refs += 1  # keep its memory while it is written out
+                to_spill.append(victim)
+                self._unlink(victim)
+                return Status.NO_SPACE
+            self._unlink(victim)
+        return Status.OK
+
+    def commit(self, res: Reservation) -> None:
+        """Publish a filled reservation, replacing any previous value of the key."""
+        e = res.entry
+        with self._lock:
+            old = self._index.get(e.key)
+            if old is not None:
+                self._unlink(old)
+            e.linked = True
+            self._index[e.key] = e
+            lane = self.lanes[e.lane]
+            lane.lru[e.key] = e
+            lane.items += 1
+            self.counters["puts"] += 1
+
+    def abort(self, res: Reservation) -> None:
+        with self._lock:
+            self._free(res.entry)
+
+    def delete(self, key: bytes) -> bool:
+        with self._lock:
+            e = self._index.get(key)
+            if e is None:
+                return False
+            self._unlink(e)
+            self.counters["deletes"] += 1
+            return True
+
+    # --- internals (lock held) --------------------------------------------------------
+
+    def _unlink(self, e: Entry) -> None:
+        if self._index.get(e.key) is e:
+            del self._index[e.key]
+        if e.path is not None:
+            self._disk.pop(e.key, None)
+        else:
+            lane = self.lanes[e.lane]
+            if lane.lru.get(e.key) is e:
+                del lane.lru[e.key]
+            lane.items -= 1
+        e.linked = False
+        if e.refs == 0:
+            self._free(e)
+
+    def _free(self, e: Entry) -> None:
+        if e.freed:
+            return
+        e.freed = True
+        if e.path is not None:
+            assert self.spill is not None
+            self.spill.remove(e.path, e.length)
+            return
+        if e.blocks:
+            self.arena.release(e.blocks)
+        e.small = None
+        self.used -= e.charge
+        self.lanes[e.lane].used -= e.charge
+        self._freed.notify_all()
+
+    # --- spilling (outside the lock) ----------------------------------------------------
+
+    def _spill_out(self, victims: list[Entry]) -> None:
+        assert self.spill is not None
+        for v in victims:
+            path: str | None = None
+            try:
+                path = self.spill.write(self.views(v), v.length)
+            except OSError:
+                path = None
+            with self._lock:
+                if path is not None and v.key not in self._index:
+                    d = Entry(v.key, v.lane, v.length, 0, path=path)
+                    self._index[v.key] = d
+                    self._disk[v.key] = d
+                    self.lanes[v.lane].spills += 1
+                    self._evict_disk()
+                elif path is not None:  # rewritten meanwhile: the spilled copy is stale
+                    self.spill.remove(path, v.length)
+                v.refs -= 1
+                if v.refs == 0:
+                    self._free(v)
+
+    def _evict_disk(self) -> None:
+        assert self.spill is not None
+        while self.spill.used > self.spill.capacity and self._disk:
+            _, victim = self._disk.popitem(last=False)
+            self._unlink(victim)
+
+    def open_spilled(self, e: Entry) -> int:
+        """An fd of a pinned spilled entry; the data stays readable even if it is unlinked."""
+        assert self.spill is not None
+        assert e.path is not None
+        self.counters["disk_hits"] += 1
+        return self.spill.open(e.path)
+
+    # --- reporting ----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "capacity": self.capacity,
+                "used": self.used,
+                "items": len(self._index),
+                "max_value": self.max_value,
+                "block_size": BLOCK_SIZE,
+                "free_blocks": self.arena.free_blocks,
+                "counters": dict(self.counters),
+                "spill": None
+                if self.spill is None
+                else {
+                    "dir": self.spill.directory,
+                    "capacity": self.spill.capacity,
+                    "used": self.spill.used,
+                    "items": len(self._disk),
+                },
+                "lanes": [
+                    {
+                        "lane": i,
+                        "share": ln.share,
+                        "used": ln.used,
+                        "items": ln.items,
+                        "hits": ln.hits,
+                        "misses": ln.misses,
+                        "evictions": ln.evictions,
+                        "spills": ln.spills,
+                    }
+                    for i, ln in enumerate(self.lanes)
+                ],
+            }
+
+    def close(self) -> None:
+        with self._lock:
+            self._index.clear()
+        if self.spill is not None:
+            self.spill.close()

@@ -1,0 +1,232 @@
+"""One authenticated TCP connection to one server, speaking the MemKV protocol.
+
+A session is used by one thread at a time (the pool in :mod:`.pool` hands it out).
+Values move zero-copy: requests ``sendall`` straight from the caller's buffers and
+replies ``recv_into`` the caller's buffers. Any failure mid-request marks the session
+broken; it is then closed and never reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from . import protocol as p
+from .auth import Signer
+from .config import Config, parse_address
+from .errors import (
+    MemKVError,
+    MemKVTimeout,
+    RemoteProtocolError,
+    TransportError,
+    UnsupportedVersionError,
+    error_from_status,
+)
+from .protocol import Op, ServerInfo, Status
+
+__all__ = ["TcpSession", "recv_exact_into", "send_views"]
+
+
+def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` completely from ``sock``; EOF raises :class:`TransportError`."""
+    got, n = 0, len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise TransportError("connection closed by peer mid-frame")
+        got += k
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    if n:
+        recv_exact_into(sock, memoryview(buf))
+    return buf
+
+
+def send_views(sock: socket.socket, head: bytes, views: Sequence[memoryview]) -> None:
+    """Send the frame prefix then every bulk view (no joining, no copies of bulk data)."""
+    if not views:
+        sock.sendall(head)
+        return
+    first = views[0]
+    if len(first) <= 65536:  # small values ride with the header in one syscall
+        sock.sendall(head + first)
+    else:
+        sock.sendall(head)
+        sock.sendall(first)
+    for v in views[1:]:
+        sock.sendall(v)
+
+
+class TcpSession:
+    """A connected, version-negotiated session."""
+
+    def __init__(self, address: str, config: Config, signer: Signer, bind: str | None = None):
+        self.address = address
+        self._signer = signer
+        self._ids = itertools.count(1)
+        self.broken = False
+        host, port = parse_address(address)
+        timeout = config.connect_timeout_ms / 1000
+        try:
+            src = (bind, 0) if bind else None
+            self.sock = socket.create_connection((host, port), timeout=timeout, source_address=src)
+        except TimeoutError:
+            raise MemKVTimeout(f"{address}: connect timed out after {timeout:g}s") from None
+        except OSError as exc:
+            raise TransportError(f"{address}: connect failed: {exc.strerror or exc}") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            self.info = self._hello()
+        except BaseException:
+            self.close()
+            raise
+        self.sock.settimeout(config.request_timeout_ms / 1000)
+
+    # --- framing ---------------------------------------------------------------------
+
+    def _send(self, op: Op, meta: bytes, bulk: Sequence[memoryview] = ()) -> int:
+        rid = next(self._ids) & 0xFFFFFFFF
+        bulk_len = sum(len(v) for v in bulk)
+        header = p.Header(p.VERSION, op, 0, 0, rid, time.time_ns(), len(meta), bulk_len).pack()
+        send_views(self.sock, header + self._signer.sign(header, meta) + meta, bulk)
+        return rid
+
+    def _recv_reply(self, op: Op, rid: int) -> tuple[p.Header, bytes]:
+        prefix = recv_exact(self.sock, p.PREFIX_SIZE)
+        try:
+            h = p.unpack_header(prefix)
+        except p.FrameError as exc:
+            raise RemoteProtocolError(f"{self.address}: bad reply: {exc}") from None
+        if h.meta_len > p.MAX_META_LEN:
+            raise RemoteProtocolError(f"{self.address}: reply metadata of {h.meta_len} bytes")
+        meta = bytes(recv_exact(self.sock, h.meta_len))
+        header_bytes = bytes(prefix[: p.HEADER_SIZE])
+        if not self._signer.verify(header_bytes, meta, bytes(prefix[p.HEADER_SIZE :])):
+            raise RemoteProtocolError(f"{self.address}: reply MAC does not verify (wrong key?)")
+        if h.status != Status.OK:
+            message = meta.decode(errors="replace")
+            self.broken = True  # the server closes after a frame-level error
+            try:
+                status = Status(h.status)
+            except ValueError:
+                raise RemoteProtocolError(f"unknown status {h.status}: {message}") from None
+            raise error_from_status(status, f"{self.address}: {message}")
+        if not h.is_response or h.op != op or h.request_id != rid:
+            raise RemoteProtocolError(
+                f"{self.address}: reply op={h.op:#x} id={h.request_id} does not match "
+                f"request op={op:#x} id={rid}"
+            )
+        return h, meta
+
+    def call(self, op: Op, meta: bytes, bulk: Sequence[memoryview] = ()) -> tuple[p.Header, bytes]:
+        """Send one request and read the reply prefix; bulk reply data is left unread."""
+        if self.broken:
+            raise TransportError(f"{self.address}: session is closed")
+        try:
+            rid = self._send(op, meta, bulk)
+            return self._recv_reply(op, rid)
+        except MemKVError:
+            self._fail()  # server-side frame errors also close the connection
+            raise
+        except TimeoutError:
+            self._fail()
+            raise MemKVTimeout(f"{self.address}: request timed out") from None
+        except OSError as exc:
+            self._fail()
+            raise TransportError(f"{self.address}: {exc.strerror or exc}") from None
+
+    def _fail(self) -> None:
+        self.broken = True
+        self.close()
+
+    def _hello(self) -> ServerInfo:
+        rid = self._send(Op.HELLO, p.encode_hello())
+        try:
+            _, meta = self._recv_reply(Op.HELLO, rid)
+        except TimeoutError:
+            raise MemKVTimeout(f"{self.address}: HELLO timed out") from None
+        except OSError as exc:
+            raise TransportError(f"{self.address}: HELLO failed: {exc}") from None
+        try:
+            info = p.decode_hello_reply(meta)
+        except p.FrameError as exc:
+            raise RemoteProtocolError(f"{self.address}: bad HELLO reply: {exc}") from None
+        if not p.MIN_VERSION <= info.version <= p.MAX_VERSION:
+            raise UnsupportedVersionError(
+                Status.UNSUPPORTED_VERSION, f"server chose {info.version}"
+            )
+        return info
+
+    def _decode(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except p.FrameError as exc:
+            self._fail()
+            raise RemoteProtocolError(f"{self.address}: bad reply metadata: {exc}") from None
+
+    # --- operations --------------------------------------------------------------------
+
+    def exists(self, keys: Sequence[bytes]) -> list[bool]:
+        _, meta = self.call(Op.EXISTS, p.encode_keys(keys))
+        return [bool(f) for f in self._decode(p.decode_flags, meta, len(keys))]
+
+    def delete(self, keys: Sequence[bytes]) -> list[int]:
+        _, meta = self.call(Op.DELETE, p.encode_keys(keys))
+        return list(self._decode(p.decode_flags, meta, len(keys)))
+
+    def size(self, keys: Sequence[bytes]) -> list[tuple[int, int]]:
+        _, meta = self.call(Op.SIZE, p.encode_keys(keys))
+        return list(self._decode(p.decode_status_lengths, meta, len(keys)))
+
+    def stats(self) -> dict[str, Any]:
+        _, meta = self.call(Op.STATS, b"")
+        result: dict[str, Any] = json.loads(meta)
+        return result
+
+    def put(self, items: Sequence[tuple[bytes, memoryview]]) -> list[int]:
+        """Store values; per-item wire statuses in order.
+
+        Values over the server's advertised limit are not sent: they get VALUE_TOO_LARGE.
+        """
+        limit = self.info.max_value_len
+        send = [i for i, (_, v) in enumerate(items) if len(v) <= limit]
+        codes = [int(Status.VALUE_TOO_LARGE)] * len(items)
+        if not send:
+            return codes
+        meta = p.encode_key_lengths([(items[i][0], len(items[i][1])) for i in send])
+        _, reply = self.call(Op.PUT, meta, [items[i][1] for i in send])
+        for i, code in zip(send, self._decode(p.decode_flags, reply, len(send)), strict=True):
+            codes[i] = code
+        return codes
+
+    def get_into(self, items: Sequence[tuple[bytes, memoryview]]) -> list[tuple[int, int]]:
+        """Read values full-length-or-miss into the views; per-item (status, stored length)."""
+        meta = p.encode_key_lengths([(k, len(v)) for k, v in items])
+        h, reply = self.call(Op.GET, meta)
+        statuses: list[tuple[int, int]] = self._decode(p.decode_status_lengths, reply, len(items))
+        expected = sum(len(v) for (_, v), (s, _) in zip(items, statuses, strict=True) if s == 0)
+        if h.bulk_len != expected:
+            self._fail()
+            raise RemoteProtocolError(f"{self.address}: bulk {h.bulk_len} != {expected}")
+        try:
+            for (_, view), (status, _) in zip(items, statuses, strict=True):
+                if status == Status.OK:
+                    recv_exact_into(self.sock, view)
+        except TimeoutError:
+            self._fail()
+            raise MemKVTimeout(f"{self.address}: timed out reading values") from None
+        except OSError as exc:
+            self._fail()
+            raise TransportError(f"{self.address}: {exc.strerror or exc}") from None
+        return statuses
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()

@@ -1,0 +1,129 @@
+"""Fixtures: real `memkv serve` processes on 127.0.0.1, and clients talking to them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+from memkv_client import Client
+
+KEY_HEX = "11" * 32
+KEY = bytes.fromhex(KEY_HEX)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """A `python -m memkv_client.server` child process; always on 127.0.0.1."""
+
+    def __init__(self, *args: str, port: int = 0, key_hex: str = KEY_HEX) -> None:
+        self.args = list(args)
+        self.port = port or free_port()
+        self.key_hex = key_hex
+        self.proc: subprocess.Popen[str] | None = None
+        self.output: list[str] = []
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> ServerProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEMKV_")}
+        env["MEMKV_AUTH_KEY"] = self.key_hex
+        cmd = [sys.executable, "-m", "memkv_client.server", "--listen", self.address]
+        cmd += ["--no-prefault", *self.args]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # blocks until the server listens (or dies)
+        self.output.append(line)
+        if "listening on" not in line:
+            rest = self.proc.stdout.read()
+            self.proc.wait(10)
+            raise RuntimeError(f"server failed to start: {line}{rest}")
+        return self
+
+    def terminate(self, timeout: float = 30) -> int:
+        """SIGTERM and wait; returns the exit status."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout)
+        assert self.proc.stdout is not None
+        self.output.append(self.proc.stdout.read())
+        return rc
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.alive:
+            self.terminate()
+
+
+def make_client(*servers: str, **overrides: object) -> Client:
+    settings: dict[str, object] = {
+        "servers": list(servers),
+        "auth_key": KEY_HEX,
+        "transport": "tcp",
+        "num_connections": 4,
+        "connect_timeout_ms": 2000,
+        "request_timeout_ms": 20000,
+    }
+    settings.update(overrides)
+    return Client(**settings)
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("MEMKV_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    """One server shared by a test module (64 MiB, 4 lanes → 16 MiB max value)."""
+    srv = ServerProcess("--memory", "64MiB").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def fresh_server() -> Iterator[ServerProcess]:
+    srv = ServerProcess("--memory", "64MiB").start()
+    yield srv
+    if srv.alive:
+        srv.kill()
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[Client]:
+    c = make_client(server.address)
+    yield c
+    c.close()
+
+
+def wait_until(predicate: object, attempts: int = 100, delay: float = 0.05) -> bool:
+    """Poll ``predicate()`` a bounded number of times."""
+    for _ in range(attempts):
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(delay)
+    return False
