@@ -108,6 +108,8 @@ class StoreConfig:
             )
         if not isinstance(self.fingerprint, (bytes, bytearray)):
             raise ConfigError(f"fingerprint must be bytes, got {type(self.fingerprint).__name__}")
+        _positive_int("dp_size", self.dp_size)
+        _positive_int("tp_size", self.tp_size)
         if not isinstance(self.l1, TierConfig):
             raise ConfigError("l1 must be a TierConfig")
         self.l1.validate("l1")
@@ -115,8 +117,6 @@ class StoreConfig:
             if not isinstance(self.l2, TierConfig):
                 raise ConfigError("l2 must be a TierConfig or None")
             self.l2.validate("l2")
-        _positive_int("dp_size", self.dp_size)
-        _positive_int("tp_size", self.tp_size)
         if isinstance(self.dp_rank, bool) or not isinstance(self.dp_rank, int):
             raise ConfigError(f"dp_rank must be an integer, got {self.dp_rank!r}")
         if not 0 <= self.dp_rank < self.dp_size:

@@ -145,12 +145,30 @@ class L2RankFile:
         """Byte offset of a slot's payload."""
         return self.data_offset + slot * self.payload_bytes
 
+    def _needs_bounce(self, buf: memoryview) -> bool:
+        if not self.direct:
+            return False
+        addr = np.frombuffer(buf, dtype=np.uint8).ctypes.data
+        return addr % PAGE != 0 or len(buf) % PAGE != 0
+
     def write_payload(self, slot: int, data: memoryview) -> None:
-        """Write `stride` bytes (O_DIRECT when enabled: `data` must then be page aligned)."""
+        """Write `stride` bytes (O_DIRECT when enabled; unaligned buffers are bounced)."""
+        if self._needs_bounce(data):
+            with mmap.mmap(-1, self.payload_bytes) as bounce:
+                bounce[: len(data)] = data
+                with memoryview(bounce) as view:
+                    write_all(self._dfd, view[: self.payload_bytes], self.payload_offset(slot))
+            return
         write_all(self._dfd, data, self.payload_offset(slot))
 
     def read_payload(self, slot: int, into: memoryview) -> None:
-        """Read `stride` bytes into `into` (O_DIRECT when enabled: page aligned)."""
+        """Read `stride` bytes into `into` (O_DIRECT when enabled; unaligned: bounced)."""
+        if self._needs_bounce(into):
+            with mmap.mmap(-1, self.payload_bytes) as bounce:
+                with memoryview(bounce) as view:
+                    read_exact(self._dfd, view[: self.payload_bytes], self.payload_offset(slot))
+                into[:] = bounce[: len(into)]
+            return
         read_exact(self._dfd, into, self.payload_offset(slot))
 
     def read_payload_copy(self, slot: int) -> bytes:

@@ -127,6 +127,7 @@ class TieredStore:
         self._waiters: dict[bytes, list[LoadTicket]] = {}
         self._ticket_pins: dict[int, list[Entry]] = {}
         self._wt_queue: deque[Entry] = deque()
+        self._slot_waiters: deque[Entry] = deque()
         self._closed = False
 
     # --- public API -------------------------------------------------------------------
@@ -169,13 +170,14 @@ class TieredStore:
                 self._l2_pin(e)  # keep it from L2 eviction while L1 space is made
                 promote.append(e)
         fresh = [e for e in promote if e.l1_state == SlotState.NONE]
-        slots = self._alloc_l1(len(fresh))
-        for e, slot in zip(fresh, slots, strict=False):
-            e.l1, e.l1_state = slot, SlotState.FILLING
-            self._l2_pin(e)  # held by the read job
-            self._submit(
-                _READ, e, e.l2, partial(self._mover.read_block, e.l2, slot, self._meta.get(e.l2))
-            )
+        slots, demoting = self._alloc_l1(len(fresh))
+        for i, e in enumerate(fresh):
+            if i < len(slots):
+                self._start_read(e, slots[i])
+            elif i < len(slots) + demoting:  # a slot frees when a demotion lands
+                e.l1_state = SlotState.FILLING
+                self._l2_pin(e)
+                self._slot_waiters.append(e)
         for e in promote:
             self._l2_unpin(e)
             if e.l1_state == SlotState.FILLING:
@@ -265,7 +267,7 @@ class TieredStore:
                 self._counters["not_admitted"] += 1
                 continue
             want.append(i)
-        slots = self._alloc_l1(len(want))
+        slots, _ = self._alloc_l1(len(want))
         self._counters["store_no_space"] += len(want) - len(slots)
         ticket = StoreTicket(self._new_id(), list(keys), [None] * n, parents, depths)
         for i, slot in zip(want, slots, strict=False):
@@ -456,7 +458,8 @@ class TieredStore:
 
     # --- internals: allocation and eviction ----------------------------------------
 
-    def _alloc_l1(self, n: int) -> list[int]:
+    def _alloc_l1(self, n: int) -> tuple[list[int], int]:
+        """Up to n free L1 slots now, and how many demotions were started to free more."""
         out: list[int] = []
         demoting = 0
         while len(out) < n:
@@ -471,7 +474,21 @@ class TieredStore:
                 break
             for k in victims:
                 demoting += self._evict_l1(self._entries[k])  # type: ignore[index]
-        return out
+        return out, demoting
+
+    def _start_read(self, e: Entry, slot: int) -> None:
+        """Promote e's L2 copy into L1 slot `slot` (the job holds one L2 pin)."""
+        e.l1, e.l1_state = slot, SlotState.FILLING
+        self._l2_pin(e)
+        fn = partial(self._mover.read_block, e.l2, slot, self._meta.get(e.l2))
+        self._submit(_READ, e, e.l2, fn)
+
+    def _serve_slot_waiters(self) -> None:
+        """Give L1 slots freed by demotions to promotions waiting for one."""
+        while self._slot_waiters and len(self._l1_free):
+            e = self._slot_waiters.popleft()
+            self._l2_unpin(e)  # _start_read takes the job's pin
+            self._start_read(e, self._l1_free.pop())
 
     def _evict_l1(self, e: Entry) -> int:
         """Evict a popped L1 victim; 1 if its slot frees later (demotion), else 0."""
@@ -583,6 +600,7 @@ class TieredStore:
             elif kind == _READ:
                 assert e is not None
                 self._read_done(e, c)
+        self._serve_slot_waiters()
 
     def _write_done(self, e: Entry, slot: int, c: Completion) -> None:
         if c.error is None:
@@ -621,6 +639,8 @@ class TieredStore:
             t.pending -= 1
             if not ok:
                 t.failed.append(e.key)
+            else:
+                t.l1_slots[t.keys.index(e.key)] = e.l1
         self._forget(e)
 
     def _close_files(self, unlink_l1: bool) -> None:

@@ -1,0 +1,211 @@
+"""Crash test: a writer process is killed with SIGKILL at random points, then the pool is
+reopened and every block it returns is checked against what was written.
+
+    python -m kvpool_mmap.stress --iterations 500 --dir /var/tmp/kvstress [--spawn]
+
+Block contents are a pure function of (key, rank), so the checker knows what every
+recovered block must hold without talking to the writer. Exit status 1 on any failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from ._config import StoreConfig, TierConfig
+from ._store import TieredStore
+from ._types import LoadStatus
+
+
+def block_content(key: bytes, rank: int, stride: int) -> np.ndarray:
+    """The bytes the writer stores for `key` in rank `rank` (deterministic)."""
+    seed = xxhash.xxh64_intdigest(key + rank.to_bytes(2, "little"))
+    return np.random.default_rng(seed).integers(0, 256, stride, dtype=np.uint8)
+
+
+def stress_config(root: Path, stride: int = 65536, tp_size: int = 2) -> StoreConfig:
+    """A deliberately tiny pool so that eviction, demotion and L2 slot reuse never stop."""
+    from ._codec import HEADER_BYTES
+
+    return StoreConfig(
+        stride=stride,
+        engine_id="stress",
+        fingerprint=b"stress-v1",
+        l1=TierConfig(root / "l1", 8 * stride * tp_size),
+        l2=TierConfig(root / "l2", 24 * (stride + HEADER_BYTES) * tp_size),
+        tp_size=tp_size,
+        io_threads=2,
+        l2_fsync="never",
+    )
+
+
+def _key(i: int) -> bytes:
+    return xxhash.xxh3_128_digest(i.to_bytes(8, "little")) + b"\x00\x01"
+
+
+def run_writer(config: StoreConfig, seed: int, ready_fd: int | None = None) -> None:
+    """Store random chains forever (until killed), re-storing evicted keys now and then."""
+    rng = random.Random(seed)
+    store = TieredStore(config)
+    if ready_fd is not None:
+        os.write(ready_fd, b"r")
+        os.close(ready_fd)
+    stride = config.stride
+    while True:
+        start = rng.randrange(0, 400)
+        keys = [_key(start + j) for j in range(rng.randint(1, 6))]
+        ticket = store.begin_store(keys)
+        for k, slot in ticket.allocated:
+            for r, f in enumerate(store.l1_files):
+                f.array[slot] = block_content(k, r, stride)
+        store.commit_store(ticket)
+        if rng.random() < 0.3:
+            load = store.begin_load(keys)
+            store.wait_load(load, timeout=5)
+            store.end_load(load)
+        store.tick()
+
+
+@dataclass
+class CheckResult:
+    """What one reopen after a kill found."""
+
+    recovered: int = 0
+    verified: int = 0
+    wrong: int = 0
+    checksum_failures: int = 0
+    discarded: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def check_pool(config: StoreConfig) -> CheckResult:
+    """Reopen the pool (new L1), load every recovered block, compare with the truth."""
+    res = CheckResult()
+    with TieredStore(config) as store:
+        res.recovered = len(store.recovery.blocks)
+        res.discarded = store.stats().recovery_discarded
+        for b in store.recovery.blocks:
+            ticket = store.begin_load([b.key])
+            status = store.wait_load(ticket, timeout=10)
+            if status is LoadStatus.READY:
+                for r, f in enumerate(store.l1_files):
+                    got = f.array[ticket.l1_slots[0]]
+                    if not np.array_equal(got, block_content(b.key, r, config.stride)):
+                        res.wrong += 1
+                        res.errors.append(f"slot {b.slot} rank {r}: wrong bytes returned")
+                res.verified += 1
+            store.end_load(ticket)
+        res.checksum_failures = store.stats().checksum_failures
+    return res
+
+
+def _spawn_writer(config: StoreConfig, seed: int) -> subprocess.Popen[bytes]:
+    spec = json.dumps(
+        {
+            **{k: v for k, v in asdict(config).items() if k not in ("l1", "l2", "fingerprint")},
+            "l1": {"path": str(config.l1.path), "bytes_to_use": config.l1.bytes_to_use},
+            "l2": {"path": str(config.l2.path), "bytes_to_use": config.l2.bytes_to_use}
+            if config.l2
+            else None,
+            "fingerprint": config.fingerprint.decode(),
+        }
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvpool_mmap.stress", "--writer", spec, "--seed", str(seed)],
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    if proc.stdout.read(1) != b"r":
+        raise RuntimeError(f"writer exited early with {proc.wait()}")
+    return proc
+
+
+def _fork_writer(config: StoreConfig, seed: int) -> int:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns
+        os.close(r)
+        code = 0
+        try:
+            run_writer(config, seed, ready_fd=w)
+        except BaseException:
+            code = 3
+        os._exit(code)
+    os.close(w)
+    if os.read(r, 1) != b"r":
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+        raise RuntimeError(f"writer exited early with status {status}")
+    os.close(r)
+    return pid
+
+
+def crash_iteration(config: StoreConfig, rng: random.Random, spawn: bool = False) -> CheckResult:
+    """Start a writer, SIGKILL it after a random delay, reopen and check."""
+    delay = rng.uniform(0.005, 0.25)
+    if spawn:
+        proc = _spawn_writer(config, rng.randrange(1 << 30))
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    else:
+        pid = _fork_writer(config, rng.randrange(1 << 30))
+        time.sleep(delay)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    return check_pool(config)
+
+
+def run(iterations: int, root: Path, seed: int = 0, spawn: bool = False) -> list[CheckResult]:
+    """`iterations` kill/reopen cycles on one pool directory."""
+    config = stress_config(root)
+    rng = random.Random(seed)
+    return [crash_iteration(config, rng, spawn) for _ in range(iterations)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: run the crash loop, print a summary, exit 1 on any failure."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--iterations", type=int, default=200)
+    ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--spawn", action="store_true", help="separate interpreter per writer")
+    ap.add_argument("--writer", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.writer:
+        config = StoreConfig.from_dict(json.loads(args.writer))
+        run_writer(config, args.seed, ready_fd=sys.stdout.fileno())
+        return 0
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        t0 = time.monotonic()
+        results = run(args.iterations, Path(tmp), args.seed, args.spawn)
+    bad = [r for r in results if r.wrong or r.checksum_failures or r.errors]
+    total = sum(r.verified for r in results)
+    print(
+        f"{len(results)} kill -9 iterations in {time.monotonic() - t0:.1f}s: "
+        f"{total} recovered blocks verified, "
+        f"{sum(r.discarded for r in results)} slots discarded at recovery, "
+        f"{sum(r.wrong for r in results)} wrong, "
+        f"{sum(r.checksum_failures for r in results)} checksum failures"
+    )
+    for r in bad[:10]:
+        print("FAILED:", r)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

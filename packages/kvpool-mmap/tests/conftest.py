@@ -1,0 +1,71 @@
+"""Shared fixtures: configs on real files in a temporary directory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from kvpool_mmap import HEADER_BYTES, StoreConfig, TierConfig, TieredStore
+
+STRIDE = 4096
+
+MakeConfig = Callable[..., StoreConfig]
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> MakeConfig:
+    """make_config(l1_slots=8, l2_slots=32, tp_size=1, **overrides) -> StoreConfig."""
+
+    def make(
+        l1_slots: int = 8,
+        l2_slots: int | None = 32,
+        tp_size: int = 1,
+        stride: int = STRIDE,
+        root: Path = tmp_path,
+        **overrides: Any,
+    ) -> StoreConfig:
+        payload = -(-stride // 4096) * 4096
+        kwargs: dict[str, Any] = dict(
+            stride=stride,
+            engine_id="test",
+            fingerprint=b"model=tiny;dtype=bf16;block=16",
+            l1=TierConfig(root / "l1", l1_slots * stride * tp_size),
+            l2=TierConfig(root / "l2", l2_slots * (payload + HEADER_BYTES) * tp_size)
+            if l2_slots
+            else None,
+            tp_size=tp_size,
+            io_threads=2,
+        )
+        kwargs.update(overrides)
+        return StoreConfig(**kwargs)
+
+    return make
+
+
+@pytest.fixture
+def store_factory() -> Iterator[Callable[..., TieredStore]]:
+    """Open stores that are closed at teardown."""
+    opened: list[TieredStore] = []
+
+    def open_store(config: StoreConfig, **kwargs: Any) -> TieredStore:
+        s = TieredStore(config, **kwargs)
+        opened.append(s)
+        return s
+
+    yield open_store
+    for s in opened:
+        s.close(flush=False)
+
+
+def key(i: int) -> bytes:
+    """A 34-byte key like vLLM's (32-byte block hash + 2-byte group)."""
+    return i.to_bytes(32, "big") + b"\x00\x00"
+
+
+def block(i: int, tp: int = 1, stride: int = STRIDE) -> np.ndarray:
+    """Deterministic block contents [tp, stride] for key(i)."""
+    rng = np.random.default_rng(i)
+    return rng.integers(0, 256, (tp, stride), dtype=np.uint8)

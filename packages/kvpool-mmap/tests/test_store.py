@@ -1,0 +1,367 @@
+"""TieredStore on real files: fill, evict, demote, promote, pins, restart, corruption."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import MakeConfig, block, key
+from kvpool_mmap import (
+    LoadStatus,
+    PoolInUseError,
+    StoreConfig,
+    Tier,
+    TieredStore,
+)
+from kvpool_mmap._codec import encode_header, payload_checksum
+from kvpool_mmap._index import SlotState
+from kvpool_mmap._l2file import L2RankFile
+
+Factory = Callable[..., TieredStore]
+
+
+def check_invariants(s: TieredStore) -> None:
+    """No slot is owned twice; owned + free == all slots; states agree with policies."""
+    l1_owned = [e.l1 for e in s._entries.values() if e.l1 >= 0]
+    l2_owned = [e.l2 for e in s._entries.values() if e.l2 >= 0]
+    l1_free = list(s._l1_free._free)
+    l2_free = list(s._l2_free._free)
+    assert len(set(l1_owned)) == len(l1_owned)
+    assert len(set(l2_owned)) == len(l2_owned)
+    assert sorted(l1_owned + l1_free) == list(range(s.config.l1_slots))
+    assert sorted(l2_owned + l2_free) == list(range(s.config.l2_slots))
+    for k, e in s._entries.items():
+        assert (k in s._l1_policy) == (e.l1_state == SlotState.VALID and not e.evicting)
+        if s._l2_policy is not None:
+            assert (k in s._l2_policy) == (e.l2_state == SlotState.VALID)
+
+
+def put_chain(s: TieredStore, ids: list[int]) -> int:
+    tp = s.config.tp_size
+    return s.put([key(i) for i in ids], np.stack([block(i, tp) for i in ids]))
+
+
+def assert_blocks(s: TieredStore, ids: list[int]) -> None:
+    """Load the blocks (in chunks that fit L1) and compare with what was stored."""
+    n = s.config.l1_slots
+    for chunk in (ids[j : j + n] for j in range(0, len(ids), n)):
+        got = s.get([key(i) for i in chunk])
+        assert len(got) == len(chunk)
+        for i, g in zip(chunk, got, strict=True):
+            np.testing.assert_array_equal(g, block(i, s.config.tp_size))
+
+
+def settle(s: TieredStore) -> None:
+    s._drain(10)
+
+
+def test_l1_only_fill_evict_lookup(make_config: MakeConfig, store_factory: Factory) -> None:
+    s = store_factory(make_config(l1_slots=4, l2_slots=None))
+    assert put_chain(s, [0, 1, 2, 3]) == 4
+    assert s.lookup([key(0), key(1), key(9), key(2)]) == [Tier.L1, Tier.L1]
+    assert_blocks(s, [0, 1, 2, 3])
+    assert put_chain(s, [10, 11]) == 2  # evicts the chain's tail (leaves first)
+    assert s.lookup([key(0), key(1), key(2), key(3)]) == [Tier.L1, Tier.L1]
+    assert s.stats().l1_evictions == 2
+    check_invariants(s)
+
+
+def test_demote_on_eviction_then_promote(make_config: MakeConfig, store_factory: Factory) -> None:
+    s = store_factory(make_config(l1_slots=4, l2_slots=16, tp_size=2, write_through=False))
+    assert put_chain(s, [0, 1, 2, 3]) == 4
+    assert s.stats().l2_used == 0  # no write-through
+    # the dirty victims are demoted; their slots free up once the demotion lands
+    stored = put_chain(s, [10, 11, 12, 13])
+    settle(s)
+    stored += put_chain(s, [10, 11, 12, 13][stored:])
+    assert stored == 4
+    st = s.stats()
+    assert st.demotions == 4
+    assert st.l2_used == 4
+    assert s.lookup([key(i) for i in (0, 1, 2, 3)]) == [Tier.L2] * 4
+    assert_blocks(s, [0, 1, 2, 3])  # promotion with checksum verification
+    assert s.stats().promotions == 4
+    assert s.stats().l2_hits == 4
+    check_invariants(s)
+
+
+def test_write_through_and_restart_identical(
+    make_config: MakeConfig, store_factory: Factory
+) -> None:
+    cfg = make_config(l1_slots=4, l2_slots=64, tp_size=2)
+    s = TieredStore(cfg)
+    for start in range(0, 40, 4):
+        put_chain(s, list(range(start, start + 4)))
+        settle(s)
+    before = sorted(s.keys(Tier.L2))
+    assert len(before) == 40
+    s.close()
+    s2 = store_factory(cfg)
+    assert sorted(s2.keys()) == before
+    assert s2.recovery.incomplete == s2.recovery.corrupt_headers == 0
+    assert_blocks(s2, list(range(40)))
+    check_invariants(s2)
+
+
+def test_l2_victims_are_dropped(make_config: MakeConfig, store_factory: Factory) -> None:
+    s = store_factory(make_config(l1_slots=2, l2_slots=6))
+    for i in range(20):
+        put_chain(s, [100 + i])
+        settle(s)
+    st = s.stats()
+    assert st.l2_used == 6
+    assert st.l2_evictions == 14
+    assert len(s.keys(Tier.L2)) == 6
+    assert_blocks(s, [119])
+    check_invariants(s)
+
+
+def test_pinned_slots_are_never_evicted_or_reused(
+    make_config: MakeConfig, store_factory: Factory
+) -> None:
+    s = store_factory(make_config(l1_slots=4, l2_slots=None))
+    put_chain(s, [0, 1])
+    load = s.begin_load([key(0), key(1)])
+    assert s.poll_load(load) is LoadStatus.READY
+    pending = s.begin_store([key(5)])  # allocated, not yet committed: pinned too
+    assert pending.l1_slots[0] is not None
+    busy = set(load.l1_slots) | {pending.l1_slots[0]}
+    t = s.begin_store([key(i) for i in range(20, 30)])
+    got = {x for x in t.l1_slots if x is not None}
+    assert len(got) == 1
+    assert not got & busy
+    assert s.stats().store_no_space == 9
+    s.abort_store(t)
+    s.commit_store(pending)
+    s.end_load(load)
+    np.testing.assert_array_equal(s.l1_files[0].array[load.l1_slots[0]], block(0)[0])
+    check_invariants(s)
+
+
+def test_already_stored_and_admission(make_config: MakeConfig, store_factory: Factory) -> None:
+    s = store_factory(make_config(admission_threshold=2))
+    t = s.begin_store([key(1), key(2)])
+    assert t.l1_slots == [None, None]
+    assert s.stats().not_admitted == 2
+    t = s.begin_store([key(1), key(2)])
+    assert None not in t.l1_slots
+    s.commit_store(t)
+    t = s.begin_store([key(1), key(2), key(3)])
+    assert t.l1_slots[:2] == [None, None]  # already stored
+
+
+def test_flipped_byte_is_a_miss_never_data(
+    make_config: MakeConfig, store_factory: Factory, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = make_config(l1_slots=2, l2_slots=8, tp_size=2)
+    s = TieredStore(cfg)
+    put_chain(s, [0, 1])
+    s.close()
+    f = L2RankFile(cfg, 1)
+    slot = next(i for i in range(cfg.l2_slots) if f.read_header_table()[i, 0] != 0)
+    raw = bytearray(f.read_payload_copy(slot))
+    raw[1234] ^= 0x10
+    f.write_payload(slot, memoryview(bytes(raw)))
+    f.close()
+    s = store_factory(cfg)
+    assert len(s.recovery.blocks) == 2
+    with caplog.at_level(logging.WARNING, logger="kvpool_mmap"):
+        tickets = [s.begin_load([key(i)]) for i in (0, 1)]
+        statuses = [s.wait_load(t, 10) for t in tickets]
+    assert sorted(statuses, key=str) == [LoadStatus.FAILED, LoadStatus.READY]
+    assert "failed its checksum" in caplog.text
+    bad = tickets[statuses.index(LoadStatus.FAILED)]
+    assert bad.ready_prefix == 0
+    for t in tickets:
+        s.end_load(t)
+    st = s.stats()
+    assert st.checksum_failures == 1
+    assert st.load_failures == 1
+    assert len(s.keys()) == 1  # the bad copy was dropped
+    check_invariants(s)
+
+
+def test_verify_on_open_drops_corrupt_payload(
+    make_config: MakeConfig, store_factory: Factory
+) -> None:
+    cfg = make_config(l1_slots=2, l2_slots=8)
+    s = TieredStore(cfg)
+    put_chain(s, [0, 1])
+    s.close()
+    with open(cfg.l2_file(0), "r+b") as fh:  # flip one byte in the first payload
+        off = L2RankFile.__new__(L2RankFile)
+        del off
+        data_offset = 4096 + 4096  # superblock + header table (8 * 256 rounded to a page)
+        fh.seek(data_offset + 17)
+        b = fh.read(1)
+        fh.seek(data_offset + 17)
+        fh.write(bytes([b[0] ^ 1]))
+    s = store_factory(cfg.__class__(**{**cfg.__dict__, "verify_on_open": True}))
+    assert s.recovery.bad_payloads == 1
+    assert len(s.recovery.blocks) == 1
+
+
+def test_torn_header_and_incomplete_ranks(make_config: MakeConfig, store_factory: Factory) -> None:
+    cfg = make_config(l1_slots=4, l2_slots=8, tp_size=2)
+    s = TieredStore(cfg)
+    put_chain(s, [0, 1, 2])
+    s.close()
+    f0, f1 = L2RankFile(cfg, 0), L2RankFile(cfg, 1)
+    live = [i for i in range(8) if f0.read_header_table()[i, 0] != 0]
+    assert len(live) == 3
+    torn = bytearray(encode_header(key(0), 1, cfg.stride, 5))
+    torn[100] ^= 1
+    f0.write_header(live[0], bytes(torn))  # a torn header in rank 0
+    f1.invalidate(live[1])  # rank 1 never got its header (crash between ranks)
+    f0.close()
+    f1.close()
+    s = store_factory(cfg)
+    rep = s.recovery
+    assert rep.corrupt_headers == 1
+    assert rep.incomplete == 2
+    assert len(rep.blocks) == 1
+    check_invariants(s)
+
+
+def test_duplicate_key_newest_generation_wins(
+    make_config: MakeConfig, store_factory: Factory
+) -> None:
+    cfg = make_config(l1_slots=2, l2_slots=8)
+    s = TieredStore(cfg)
+    put_chain(s, [0])
+    s.close()
+    f = L2RankFile(cfg, 0)
+    old = np.zeros(cfg.stride, dtype=np.uint8)  # an older copy of key 0 in slot 7
+    f.write_payload(7, memoryview(old.tobytes()))
+    f.write_header(7, encode_header(key(0), 0, cfg.stride, payload_checksum(old.tobytes())))
+    f.close()
+    s = store_factory(cfg)
+    assert s.recovery.duplicates == 1
+    assert len(s.recovery.blocks) == 1
+    assert_blocks(s, [0])
+
+
+def test_fingerprint_change_wipes_l2(
+    make_config: MakeConfig, store_factory: Factory, caplog: pytest.LogCaptureFixture
+) -> None:
+    s = TieredStore(make_config())
+    put_chain(s, [0, 1])
+    s.close()
+    with caplog.at_level(logging.WARNING, logger="kvpool_mmap"):
+        s = store_factory(make_config(fingerprint=b"another model"))
+    assert "wiping" in caplog.text
+    assert "fingerprint" in caplog.text
+    assert len(s) == 0
+    assert s.recovery.wiped_files == 1
+    s.close()
+    s = store_factory(make_config())  # and the old one does not come back
+    assert len(s) == 0
+
+
+def test_stride_change_wipes_l2(make_config: MakeConfig, store_factory: Factory) -> None:
+    s = TieredStore(make_config())
+    put_chain(s, [0])
+    s.close()
+    s = store_factory(make_config(stride=8192, l2_slots=16))
+    assert len(s) == 0
+    assert s.recovery.wiped_files == 1
+
+
+def test_two_engines_share_a_directory(tmp_path: Path, make_config: MakeConfig) -> None:
+    a = TieredStore(make_config(engine_id="engine-a"))
+    b = TieredStore(make_config(engine_id="engine-b"))
+    put_chain(a, [0, 1])
+    put_chain(b, [2])
+    a.close()
+    b.close()
+    names = sorted(p.name for p in (tmp_path / "l2").iterdir())
+    assert names == ["kvpool-engine-a-dp0-tp0.l2", "kvpool-engine-b-dp0-tp0.l2"]
+    a = TieredStore(make_config(engine_id="engine-a"))
+    b = TieredStore(make_config(engine_id="engine-b"))
+    try:
+        assert sorted(a.keys()) == [key(0), key(1)]
+        assert b.keys() == [key(2)]
+        assert_blocks(a, [0, 1])
+        assert_blocks(b, [2])
+    finally:
+        a.close()
+        b.close()
+
+
+def test_same_engine_twice_is_refused(make_config: MakeConfig, store_factory: Factory) -> None:
+    store_factory(make_config())
+    with pytest.raises(PoolInUseError, match="in use by another process"):
+        TieredStore(make_config())
+
+
+def test_dp_ranks_get_their_own_files(make_config: MakeConfig) -> None:
+    cfgs = [make_config(dp_size=2, dp_rank=r, l1_slots=8, l2_slots=32) for r in (0, 1)]
+    stores = [TieredStore(c) for c in cfgs]
+    try:
+        put_chain(stores[0], [1])
+        assert stores[1].lookup([key(1)]) == []
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_cancelled_load_releases_everything(
+    make_config: MakeConfig, store_factory: Factory
+) -> None:
+    s = store_factory(make_config(l1_slots=4, l2_slots=16))
+    put_chain(s, [0, 1, 2, 3])
+    settle(s)
+    put_chain(s, [4, 5, 6, 7])  # evicts 0..3 from L1 (clean: already written through)
+    settle(s)
+    load = s.begin_load([key(i) for i in range(4)])
+    s.end_load(load)  # cancel, possibly before the promotions finished
+    settle(s)
+    check_invariants(s)
+    assert all(e.l1_pins == 0 and e.l2_pins == 0 for e in s._entries.values())
+    assert_blocks(s, [0, 1, 2, 3])
+
+
+def test_randomised_workload_keeps_invariants(
+    make_config: MakeConfig, store_factory: Factory
+) -> None:
+    rng = np.random.default_rng(1)
+    cfg = make_config(l1_slots=6, l2_slots=20, tp_size=2, write_through_queue=4)
+    s = store_factory(cfg)
+    open_loads = []
+    for _step in range(400):
+        op = rng.integers(0, 4)
+        start = int(rng.integers(0, 40))
+        ids = list(range(start, start + int(rng.integers(1, 5))))
+        if op == 0:
+            put_chain(s, ids)
+        elif op == 1:
+            t = s.begin_load([key(i) for i in ids])
+            open_loads.append(t)
+        elif op == 2 and open_loads:
+            t = open_loads.pop(int(rng.integers(0, len(open_loads))))
+            status = s.wait_load(t, 10)
+            assert status is LoadStatus.READY, t.failed
+            for i, slot in zip(ids, t.l1_slots, strict=False):
+                del i, slot
+            for k, slot in zip(t.keys, t.l1_slots, strict=True):
+                i = int.from_bytes(k[:32], "big")
+                for r in range(2):
+                    np.testing.assert_array_equal(s.l1_files[r].array[slot], block(i, 2)[r])
+            s.end_load(t)
+        else:
+            s.tick()
+        check_invariants(s)
+    for t in open_loads:
+        s.end_load(t)
+    settle(s)
+    check_invariants(s)
+    assert all(e.l1_pins == 0 and e.l2_pins == 0 for e in s._entries.values())
+
+
+def test_config_round_trip_through_dict(make_config: MakeConfig) -> None:
+    cfg = make_config()
+    d = {**cfg.__dict__, "l1": cfg.l1.__dict__, "l2": cfg.l2.__dict__ if cfg.l2 else None}
+    assert StoreConfig.from_dict(d) == cfg
