@@ -144,9 +144,14 @@ class HybridPatch:
 
     def _apply(self, *, disabled: bool) -> PatchReport:
         try:
-            split = _mechanism.prepare(self.split, remove_external_connector_assert)
+            _mechanism.resolve(self.split)  # imports vLLM outside the process-wide lock
+            with _mechanism.lock():  # one decision and install at a time, process-wide
+                return self._apply_locked(disabled=disabled)
         except SkipError as skip:
             return self._skip(skip.reason, skip.detail, self._version_of())
+
+    def _apply_locked(self, *, disabled: bool) -> PatchReport:
+        split = _mechanism.prepare(self.split, remove_external_connector_assert)
         version = self._version_of()
         if split.patched is None:
             return PatchReport(
@@ -165,19 +170,16 @@ class HybridPatch:
                 f"{_dotted(low)} <= v < {_dotted(high)}",
                 version,
             )
-        try:
-            with _mechanism.lock():
-                schedule = _mechanism.prepare(self.schedule, guard_split_on_async_load)
-                changed = _mechanism.install([split, schedule])
-        except SkipError as skip:
-            return self._skip(skip.reason, skip.detail, version)
+        schedule = _mechanism.prepare(self.schedule, guard_split_on_async_load)
+        changed = _mechanism.install([split, schedule])
         self._installed = (split, schedule)
         patched = tuple(str(p.target) for p in self._installed if p.patched is not None)
-        reason = "removed the assert" + (
-            " and skipped the split during asynchronous loads"
-            if schedule.patched is not None
-            else " (asynchronous loads were already skipped)"
-        )
+        if not changed:
+            reason = "already applied; nothing changed"
+        elif schedule.patched is not None:
+            reason = "removed the assert and skipped the split during asynchronous loads"
+        else:
+            reason = "removed the assert (asynchronous loads were already skipped)"
         return PatchReport(str(self.split), version, APPLIED, reason, changed, patched)
 
     def _skip(self, reason: str, detail: str, version: str | None) -> PatchReport:

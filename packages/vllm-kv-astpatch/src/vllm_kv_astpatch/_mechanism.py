@@ -301,10 +301,18 @@ def same_code(a: types.CodeType, b: types.CodeType) -> bool:
         return False
     if len(a.co_consts) != len(b.co_consts):
         return False
-    for x, y in zip(a.co_consts, b.co_consts, strict=True):
-        if isinstance(x, types.CodeType) and isinstance(y, types.CodeType):
-            if not same_code(x, y):
-                return False
-        elif type(x) is not type(y) or x != y:
-            return False
-    return True
+    return all(_same_const(x, y) for x, y in zip(a.co_consts, b.co_consts, strict=True))
+
+
+def _same_const(x: object, y: object) -> bool:
+    if type(x) is not type(y):
+        return False
+    if isinstance(x, types.CodeType) and isinstance(y, types.CodeType):
+        return same_code(x, y)
+    if isinstance(x, tuple) and isinstance(y, tuple):
+        return len(x) == len(y) and all(map(_same_const, x, y))
+    if isinstance(x, frozenset) and isinstance(y, frozenset):
+        return {(type(e), repr(e)) for e in x} == {(type(e), repr(e)) for e in y}
+    if isinstance(x, float | complex):
+        return repr(x) == repr(y)  # tells 0.0 from -0.0
+    return x == y
