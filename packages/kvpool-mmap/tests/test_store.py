@@ -343,10 +343,12 @@ def test_randomised_workload_keeps_invariants(
         elif op == 2 and open_loads:
             t = open_loads.pop(int(rng.integers(0, len(open_loads))))
             status = s.wait_load(t, 10)
-            assert status is LoadStatus.READY, t.failed
-            for i, slot in zip(ids, t.l1_slots, strict=False):
-                del i, slot
+            assert status is not LoadStatus.PENDING
+            # with loads held open, L1 can run out of slots: a failure, never wrong data
+            assert s.stats().checksum_failures == 0
             for k, slot in zip(t.keys, t.l1_slots, strict=True):
+                if k in t.failed:
+                    continue
                 i = int.from_bytes(k[:32], "big")
                 for r in range(2):
                     np.testing.assert_array_equal(s.l1_files[r].array[slot], block(i, 2)[r])

@@ -93,7 +93,11 @@ class L2RankFile:
         # Invalidate first: a crash while wiping leaves a file that fails the superblock check.
         write_all(self._fd, bytes(PAGE), 0)
         os.ftruncate(self._fd, 0)
-        reserve(self._fd, self.size, self.path, "l2.bytes_to_use")
+        try:
+            reserve(self._fd, self.size, self.path, "l2.bytes_to_use")
+        except BaseException:
+            os.ftruncate(self._fd, 0)  # give back whatever was allocated
+            raise
         os.fdatasync(self._fd)
         write_all(self._fd, self.want.encode(), 0)
         os.fdatasync(self._fd)

@@ -1,0 +1,60 @@
+"""Space is reserved at startup: a too-small tmpfs fails with a clear error, not SIGBUS."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import MakeConfig
+from kvpool_mmap import InsufficientSpaceError, TierConfig, TieredStore, open_l1_rank
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs (needs root and mount privileges; skipped otherwise)."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a 1 MiB tmpfs needs root")
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (no CAP_SYS_ADMIN?): {proc.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_l1_larger_than_tmpfs(tiny_tmpfs: Path, make_config: MakeConfig) -> None:
+    cfg = make_config(l1=TierConfig(tiny_tmpfs / "l1", 4 << 20), l2_slots=None)
+    with pytest.raises(InsufficientSpaceError, match=r"l1\.bytes_to_use.*bytes free"):
+        open_l1_rank(cfg, 0, create=True)
+    assert [p.name for p in (tiny_tmpfs / "l1").iterdir()] == []  # no half-made file left
+
+
+def test_l2_larger_than_tmpfs(tiny_tmpfs: Path, make_config: MakeConfig) -> None:
+    cfg = make_config(l2=TierConfig(tiny_tmpfs / "l2", 4 << 20))
+    with pytest.raises(InsufficientSpaceError, match=r"l2\.bytes_to_use"):
+        TieredStore(cfg)
+
+
+def test_fits_in_tmpfs(tiny_tmpfs: Path, make_config: MakeConfig) -> None:
+    cfg = make_config(l1=TierConfig(tiny_tmpfs / "l1", 512 << 10), l2_slots=None)
+    with TieredStore(cfg) as s:
+        assert s.put([b"a"], [[1] * cfg.stride]) == 1
+
+
+def test_budget_beyond_any_disk(tmp_path: Path, make_config: MakeConfig) -> None:
+    """Without mounting anything: a budget no filesystem here can hold (1 PiB)."""
+    cfg = make_config(l2=TierConfig(tmp_path / "l2", 1 << 50))
+    with pytest.raises(InsufficientSpaceError, match=r"l2\.bytes_to_use"):
+        TieredStore(cfg)
+    assert not cfg.l1_file(0).exists()  # the L1 file made before the failure was removed
