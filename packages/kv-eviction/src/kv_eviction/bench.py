@@ -1,0 +1,181 @@
+"""Benchmark: operations per second at 1e5, 1e6 and 1e7 tracked keys, bytes per key.
+
+    python -m kv_eviction.bench [--sizes 1e5,1e6,1e7] [--ops 200000] [--policies lru,marconi]
+
+Keys are ints grouped in prefix chains of `--chain` blocks. For each policy and size N
+the policy is filled with N keys, then `--ops` operations of each kind are timed on
+top: `insert` (new chains; at most N/2 of them, as for `evict`), `touch` (hits walking whole random chains root to leaf, as
+a prefix lookup does) and `evict` (`pop_victims(1)`, leaf-first). The cost ratio is
+ns/op at the largest size over ns/op at the smallest. Memory is measured separately
+with tracemalloc (the caller's key objects excluded), after N inserts and N/2 touches.
+`naive sort` is the cost of one victim choice by sorting every key's score, which is
+what a connector that sorts its free list on each store step pays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import time
+import tracemalloc
+from collections.abc import Callable, Sequence
+
+from .policy import EvictionPolicy, make_policy
+
+DEFAULT_POLICIES = ("lru", "marconi")
+POLICY_OPTIONS: dict[str, dict[str, object]] = {
+    "lru": {},
+    "marconi": {"decay": 0.001, "reuse_mode": "log"},
+}
+
+
+def _parse_sizes(text: str) -> list[int]:
+    return [int(float(part)) for part in text.split(",") if part]
+
+
+def _fill(policy: EvictionPolicy, keys: Sequence[int], chain: int, start: int = 0) -> None:
+    insert = policy.insert
+    for i in range(start, start + len(keys)):
+        depth = i % chain
+        insert(keys[i - start], keys[i - start - 1] if depth else None, depth)
+
+
+def _timed(fn: Callable[[], int]) -> float:
+    """Run `fn` (which returns how many operations it did); ns per operation."""
+    gc.disable()
+    try:
+        t0 = time.perf_counter_ns()
+        count = fn()
+        elapsed = time.perf_counter_ns() - t0
+    finally:
+        gc.enable()
+    return elapsed / max(count, 1)
+
+
+def measure_ops(name: str, size: int, ops: int, chain: int, seed: int) -> dict[str, float]:
+    """ns per insert, touch and evict on a policy holding `size` keys."""
+    rng = random.Random(seed)
+    policy = make_policy(name, **POLICY_OPTIONS.get(name, {}))
+    grow = min(ops, size // 2)  # inserts and evictions: keep the size within [N/2, 3N/2]
+    keys = list(range(size + grow))
+    _fill(policy, keys[:size], chain)
+    new = keys[size:]
+    result: dict[str, float] = {}
+
+    def do_insert() -> int:
+        _fill(policy, new, chain, start=size)
+        return len(new)
+
+    result["insert"] = _timed(do_insert)
+    chains = (size + grow) // chain
+    order = [rng.randrange(chains) * chain for _ in range(ops // chain + 1)]
+    touch = policy.touch
+    tick = policy.tick
+
+    def do_touch() -> int:
+        done = 0
+        for root in order:
+            for key in range(root, root + chain):
+                touch(key)
+            tick()
+            done += chain
+        return done
+
+    result["touch"] = _timed(do_touch)
+    pop = policy.pop_victims
+
+    def do_evict() -> int:
+        for _ in range(grow):
+            pop(1)
+        return grow
+
+    result["evict"] = _timed(do_evict)
+    return result
+
+
+def measure_bytes(name: str, size: int, chain: int, seed: int) -> float:
+    """Traced bytes per tracked key after `size` inserts and `size // 2` touches."""
+    rng = random.Random(seed)
+    keys = list(range(size))
+    touches = [rng.randrange(size) for _ in range(size // 2)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    policy = make_policy(name, **POLICY_OPTIONS.get(name, {}))
+    _fill(policy, keys, chain)
+    for key in touches:
+        policy.touch(key)
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    del policy
+    gc.collect()
+    return used / size
+
+
+def measure_naive_sort(size: int, seed: int) -> float:
+    """ns for one victim choice by sorting all `size` Marconi scores."""
+    rng = random.Random(seed)
+    uses = [rng.randrange(1, 50) for _ in range(size)]
+    depth = [i % 8 for i in range(size)]
+    last = [rng.randrange(1000) for _ in range(size)]
+
+    def once() -> int:
+        now = 1000
+        order = sorted(
+            range(size), key=lambda i: uses[i] * 0.999 ** (now - last[i]) / (depth[i] + 1)
+        )
+        return 1 if order else 0
+
+    return _timed(once)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m kv_eviction.bench", description=__doc__)
+    parser.add_argument("--sizes", default="1e5,1e6,1e7", help="tracked keys (default %(default)s)")
+    parser.add_argument("--ops", type=int, default=200_000, help="operations timed per kind")
+    parser.add_argument("--chain", type=int, default=8, help="blocks per prefix chain")
+    parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
+    parser.add_argument("--memory-sizes", default="1e6", help="sizes for bytes/key (tracemalloc)")
+    parser.add_argument("--naive-sizes", default="1e5,1e6", help="sizes for the sort baseline")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    sizes = _parse_sizes(args.sizes)
+    policies = [p for p in args.policies.split(",") if p]
+    kinds = ("insert", "touch", "evict")
+
+    print(f"# kv-eviction benchmark: --ops {args.ops} --chain {args.chain}")
+    print("| policy | entries | insert ops/s | touch ops/s | evict ops/s |")
+    print("|---|---:|---:|---:|---:|")
+    per_policy: dict[str, dict[int, dict[str, float]]] = {}
+    for name in policies:
+        for size in sizes:
+            ns = measure_ops(name, size, args.ops, args.chain, args.seed)
+            gc.collect()
+            per_policy.setdefault(name, {})[size] = ns
+            rates = " | ".join(f"{1e9 / ns[k]:,.0f}" for k in kinds)
+            print(f"| {name} | {size:,} | {rates} |", flush=True)
+    if len(sizes) > 1:
+        lo, hi = min(sizes), max(sizes)
+        print(f"\n| policy | cost ratio {hi:,} / {lo:,} entries: insert | touch | evict |")
+        print("|---|---:|---:|---:|")
+        for name, by_size in per_policy.items():
+            ratios = " | ".join(f"{by_size[hi][k] / by_size[lo][k]:.2f}x" for k in kinds)
+            print(f"| {name} | {ratios} |")
+    print("\n| policy | entries | bytes per tracked key (tracemalloc) |")
+    print("|---|---:|---:|")
+    for name in policies:
+        for size in _parse_sizes(args.memory_sizes):
+            print(f"| {name} | {size:,} | {measure_bytes(name, size, args.chain, args.seed):.0f} |")
+    naive = _parse_sizes(args.naive_sizes)
+    if naive:
+        print("\n| baseline | entries | one victim choice by full sort |")
+        print("|---|---:|---:|")
+        for size in naive:
+            print(
+                f"| naive sort | {size:,} | {measure_naive_sort(size, args.seed) / 1e6:,.1f} ms |"
+            )
+
+
+if __name__ == "__main__":
+    main()
