@@ -337,7 +337,7 @@ class Client:
         self._check_open()
 
         def probe(pool: ServerPool[Any]) -> Callable[[], bool]:
-            return lambda: pool.run(lambda s: True)
+            return lambda: pool.run(lambda s: s.exists([]) == [])  # a real round trip
 
         failed = []
         for pool, outcome in zip(

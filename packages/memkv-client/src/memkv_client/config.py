@@ -102,7 +102,7 @@ def env_name(name: str) -> str:
     return _ENV_NAMES.get(name, "MEMKV_" + name.upper())
 
 
-def parse_address(text: str) -> tuple[str, int]:
+def parse_address(text: str, allow_port_zero: bool = False) -> tuple[str, int]:
     """Split ``host:port`` (IPv6 as ``[addr]:port``); raises ValueError."""
     host, sep, port_s = text.strip().rpartition(":")
     if not sep or not host:
@@ -113,7 +113,7 @@ def parse_address(text: str) -> tuple[str, int]:
         port = int(port_s)
     except ValueError:
         raise ValueError(f"{text!r}: port {port_s!r} is not a number") from None
-    if not 0 < port < 65536:
+    if not (0 if allow_port_zero else 1) <= port < 65536:
         raise ValueError(f"{text!r}: port {port} out of range 1..65535")
     return host, port
 

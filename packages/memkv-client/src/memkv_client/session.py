@@ -108,10 +108,15 @@ class TcpSession:
             raise RemoteProtocolError(f"{self.address}: reply metadata of {h.meta_len} bytes")
         meta = bytes(recv_exact(self.sock, h.meta_len))
         header_bytes = bytes(prefix[: p.HEADER_SIZE])
-        if not self._signer.verify(header_bytes, meta, bytes(prefix[p.HEADER_SIZE :])):
+        verified = self._signer.verify(header_bytes, meta, bytes(prefix[p.HEADER_SIZE :]))
+        if not verified and h.status == Status.OK:
             raise RemoteProtocolError(f"{self.address}: reply MAC does not verify (wrong key?)")
         if h.status != Status.OK:
+            # An error reply is honoured even unverified (a server holding another key
+            # cannot sign for us); at worst a forged one fails a request.
             message = meta.decode(errors="replace")
+            if not verified:
+                message += " (reply not authenticated: the server holds a different key)"
             self.broken = True  # the server closes after a frame-level error
             try:
                 status = Status(h.status)

@@ -55,7 +55,7 @@ def serve(args: argparse.Namespace) -> int:
     """Run a server until SIGTERM/SIGINT; returns the exit status."""
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
     try:
-        host, port = parse_address(args.listen)
+        host, port = parse_address(args.listen, allow_port_zero=True)
         memory = parse_size(args.memory)
         spill_cap = parse_size(args.dir_capacity) if args.dir_capacity else 4 * memory
         if args.lanes < 1 or args.lanes > 1024:
