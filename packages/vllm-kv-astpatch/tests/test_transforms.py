@@ -186,3 +186,21 @@ def test_guard_unexpected_shapes(edit: tuple[str, str], message: str) -> None:
     assert source != SCHEDULE
     with pytest.raises(UnexpectedShapeError, match=message):
         guard_split_on_async_load(fn(source, "schedule"))
+
+
+def test_guard_inside_the_else_of_an_async_load_is_already_guarded() -> None:
+    source = """
+    def schedule(self):
+        load_kv_async = self.x
+        if load_kv_async:
+            n = 0
+        elif self.defer:
+            return
+        else:
+            if self.need_mamba_block_aligned_split:
+                n = self._mamba_block_aligned_split(r, n, local, num_external_computed_tokens)
+        return n
+    """
+    node = fn(source, "schedule")
+    assert guard_split_on_async_load(node) == 0
+    assert ast.unparse(node) == body(source, "schedule")

@@ -125,6 +125,17 @@ def _passes_external_tokens(node: ast.If) -> bool:
     return False
 
 
+def _only_without_async_load(func: FunctionNode) -> set[int]:
+    """Ids of nodes reached only in the ``else`` of ``if load_kv_async:`` (vLLM 0.33)."""
+    found: set[int] = set()
+    for node in _own_nodes(func):
+        if isinstance(node, ast.If) and _is_name(node.test, LOAD_KV_ASYNC):
+            for stmt in node.orelse:
+                found.add(id(stmt))
+                found.update(id(sub) for sub in _own_nodes(stmt))
+    return found
+
+
 def guard_split_on_async_load(func: FunctionNode) -> int:
     """SkipError the split while a request only sets up an asynchronous external load.
 
@@ -132,14 +143,17 @@ def guard_split_on_async_load(func: FunctionNode) -> int:
     ``num_external_computed_tokens`` into ``if self.need_mamba_block_aligned_split and
     not load_kv_async:``. Otherwise the split returns 0 for the zero-token step that
     starts the load, the scheduler stops before allocating, and the load never starts.
-    Returns 0 when the call site is already guarded; raises :class:`UnexpectedShapeError`
+    Returns 0 when the call site is already guarded (upstream's ``and not
+    load_kv_async``, or the ``else`` of ``if load_kv_async:``); raises :class:`UnexpectedShapeError`
     when there is no such call site, more than one, or no ``load_kv_async`` variable.
     """
     assigned = {
         n.id for n in _own_nodes(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
     }
     ifs = [n for n in _own_nodes(func) if isinstance(n, ast.If) and _passes_external_tokens(n)]
-    guarded = [n for n in ifs if _is_async_guard(n.test)]
+    sync_only = _only_without_async_load(func)
+    guarded = [n for n in ifs if _is_async_guard(n.test) or id(n) in sync_only]
+    ifs = [n for n in ifs if id(n) not in sync_only]
     unguarded = [n for n in ifs if _is_split_flag(n.test)]
     if guarded and not unguarded:
         return 0
