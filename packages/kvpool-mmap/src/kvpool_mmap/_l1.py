@@ -60,7 +60,7 @@ class L1RankFile:
                 )
             if os.fstat(self._fd).st_size < size:
                 raise LayoutMismatchError(f"L1 file {self.path} is shorter than {size} bytes")
-            self._mm = map_file(self._fd, size)
+            self._mm = map_file(self._fd, size, populate=True)
         except BaseException:
             os.close(self._fd)
             raise
