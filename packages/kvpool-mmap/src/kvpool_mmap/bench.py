@@ -125,13 +125,13 @@ def bench_tiers(l1_dir: Path, l2_dir: Path, nbytes: int, stride: int) -> dict[st
     try:
         assert len(store.recovery.blocks) == n, (len(store.recovery.blocks), n)
         t = time.perf_counter()
-        tickets = [store.begin_load(keys) for keys in batches]
-        for ticket in tickets:
-            store.wait_load(ticket, timeout=120)
-            assert not ticket.failed
+        loads = [store.begin_load(keys) for keys in batches]
+        for lt in loads:
+            store.wait_load(lt, timeout=120)
+            assert not lt.failed
         out["l2_read_GBps"] = n * stride / (time.perf_counter() - t) / GB
-        for ticket in tickets:
-            store.end_load(ticket)
+        for lt in loads:
+            store.end_load(lt)
     finally:
         store.close(flush=False)
     return out
