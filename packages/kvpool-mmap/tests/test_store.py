@@ -27,8 +27,8 @@ def check_invariants(s: TieredStore) -> None:
     """No slot is owned twice; owned + free == all slots; states agree with policies."""
     l1_owned = [e.l1 for e in s._entries.values() if e.l1 >= 0]
     l2_owned = [e.l2 for e in s._entries.values() if e.l2 >= 0]
-    l1_free = list(s._l1_free._free)
-    l2_free = list(s._l2_free._free)
+    l1_free = s._l1_free.snapshot()
+    l2_free = s._l2_free.snapshot()
     assert len(set(l1_owned)) == len(l1_owned)
     assert len(set(l2_owned)) == len(l2_owned)
     assert sorted(l1_owned + l1_free) == list(range(s.config.l1_slots))

@@ -74,23 +74,37 @@ class Entry:
 
 
 class FreeList:
-    """Free slot numbers of one tier (LIFO, so recently used pages stay warm)."""
+    """Free slot numbers of one tier: a LIFO stack in a numpy array (8 bytes per slot),
+    so recently used pages stay warm and millions of slots cost no Python objects."""
 
     def __init__(self, num_slots: int, used: set[int] | None = None) -> None:
-        used = used or set()
-        self._free = [s for s in range(num_slots - 1, -1, -1) if s not in used]
         self.num_slots = num_slots
+        self._stack = np.arange(num_slots - 1, -1, -1, dtype=np.int64)
+        if used:
+            keep = np.ones(num_slots, dtype=bool)
+            keep[num_slots - 1 - np.fromiter(used, dtype=np.int64, count=len(used))] = False
+            self._stack = np.ascontiguousarray(self._stack[keep])
+            self._stack.resize(num_slots, refcheck=False)
+        self._top = num_slots - len(used or ())
 
     def pop(self) -> int:
         """A free slot; IndexError if none."""
-        return self._free.pop()
+        if self._top == 0:
+            raise IndexError("no free slot")
+        self._top -= 1
+        return int(self._stack[self._top])
 
     def push(self, slot: int) -> None:
         """Return a slot."""
-        self._free.append(slot)
+        self._stack[self._top] = slot
+        self._top += 1
 
     def __len__(self) -> int:
-        return len(self._free)
+        return self._top
+
+    def snapshot(self) -> list[int]:
+        """The free slots (for checks and tests)."""
+        return [int(x) for x in self._stack[: self._top]]
 
 
 class L2Meta:

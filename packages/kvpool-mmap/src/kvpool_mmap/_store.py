@@ -370,6 +370,8 @@ class TieredStore:
         try:
             if flush:
                 self.flush()
+            else:
+                self._wt_queue.clear()
             self._drain(None)
         finally:
             if self._io is not None:
@@ -575,6 +577,8 @@ class TieredStore:
     def _reap(self) -> None:
         if self._io is not None and self._io.inflight:
             self._handle(self._io.completed())
+        elif self._slot_waiters:
+            self._serve_slot_waiters()
 
     def _drain(self, timeout: float | None) -> None:
         import time
