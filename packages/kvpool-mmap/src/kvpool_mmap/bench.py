@@ -199,6 +199,59 @@ def bench_index_memory(l1_dir: Path, l2_dir: Path, blocks: int) -> dict[str, flo
     return out
 
 
+def bench_cuda(l1_dir: Path, nbytes: int, stride: int) -> dict[str, float]:
+    """H2D/D2H GB/s between the L1 slots and the GPU, unregistered vs cudaHostRegister'ed:
+    one bulk copy of all slots, and one copy per block (the connector's pattern)."""
+    import torch
+
+    from ._l1 import open_l1_rank
+
+    n = max(2, nbytes // stride)
+    cfg = _config(l1_dir, None, stride, n, 0)
+    out: dict[str, float] = {}
+    with open_l1_rank(cfg, 0, create=True) as f:
+        host = f.torch_view()
+        dev = torch.empty((n, stride), dtype=torch.uint8, device="cuda")
+        stream = torch.cuda.Stream()
+
+        def gbps(fn: object) -> float:
+            assert callable(fn)
+            with torch.cuda.stream(stream):
+                fn()
+                stream.synchronize()
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
+                start.record(stream)
+                fn()
+                end.record(stream)
+                end.synchronize()
+            return float(n * stride / (start.elapsed_time(end) / 1e3) / GB)
+
+        def measure(tag: str) -> None:
+            out[f"cuda_h2d_bulk_{tag}_GBps"] = gbps(lambda: dev.copy_(host, non_blocking=True))
+            out[f"cuda_d2h_bulk_{tag}_GBps"] = gbps(lambda: host.copy_(dev, non_blocking=True))
+            out[f"cuda_h2d_per_block_{tag}_GBps"] = gbps(
+                lambda: [dev[i].copy_(host[i], non_blocking=True) for i in range(n)]
+            )
+            out[f"cuda_d2h_per_block_{tag}_GBps"] = gbps(
+                lambda: [host[i].copy_(dev[i], non_blocking=True) for i in range(n)]
+            )
+
+        measure("unregistered")
+        out["cuda_registered"] = float(f.register_cuda())
+        measure("registered")
+        # the bytes made the round trip intact
+        f.array[0] = np.arange(stride, dtype=np.uint64).astype(np.uint8)
+        dev[1].copy_(host[0])
+        host[1].copy_(dev[1])
+        torch.cuda.synchronize()
+        assert np.array_equal(f.array[0], f.array[1])
+        f.unregister_cuda()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every benchmark and print a table."""
     ap = argparse.ArgumentParser(description="kvpool-mmap benchmark")
@@ -221,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         res.update(bench_tiers(l1_root / "t", l2_root / "t", nbytes, stride))
         res.update(bench_ops(l1_root / "o", args.ops))
         res.update(bench_index_memory(l1_root / "m", l2_root / "m", args.index_blocks))
+        from ._cuda import cuda_available
+
+        if cuda_available():
+            res.update(bench_cuda(l1_root / "c", nbytes, stride))
         res["ratio_l1_put_vs_memcpy"] = res["l1_put_GBps"] / res["memcpy_GBps"]
         res["ratio_l1_get_vs_memcpy"] = res["l1_get_GBps"] / res["memcpy_GBps"]
         res["ratio_l2_write_vs_dd"] = res["l2_write_GBps"] / res["dd_write_direct_GBps"]

@@ -1,0 +1,39 @@
+"""L1 slots and CUDA: registration pins them, copies round-trip. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import MakeConfig
+from kvpool_mmap import TieredStore, open_l1_rank
+from kvpool_mmap._cuda import cuda_available
+
+pytestmark = pytest.mark.skipif(not cuda_available(), reason="needs torch with a CUDA device")
+
+
+def test_register_and_round_trip(make_config: MakeConfig) -> None:
+    import torch
+
+    cfg = make_config(l1_slots=8, l2_slots=16)
+    with TieredStore(cfg) as store:
+        f = store.l1_files[0]
+        assert f.register_cuda() is True
+        assert f.register_cuda() is True  # idempotent
+        view = f.torch_view()
+        t = store.begin_store([b"k0"])
+        slot = t.l1_slots[0]
+        assert slot is not None
+        gpu = torch.randint(0, 256, (cfg.stride,), dtype=torch.uint8, device="cuda")
+        view[slot].copy_(gpu, non_blocking=True)  # D2H straight into the pinned slot
+        torch.cuda.synchronize()
+        store.commit_store(t)
+        np.testing.assert_array_equal(f.array[slot], gpu.cpu().numpy())
+        store.flush()
+        f.unregister_cuda()
+
+
+def test_worker_side_registration(make_config: MakeConfig) -> None:
+    cfg = make_config(l1_slots=4)
+    with open_l1_rank(cfg, 0, create=True) as f:
+        assert f.register_cuda()
+        f.unregister_cuda()
