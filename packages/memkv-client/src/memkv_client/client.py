@@ -91,10 +91,12 @@ class Client:
         """The RDMA engine to use, or None for TCP (logs the one info line on fallback)."""
         if self.config.transport is Transport.TCP:
             return None
-        from .rdma import RdmaEngine, open_verbs_backend
+        from .rdma import RdmaEngine, open_verbs_backend_for
 
         want = self.config.transport is not Transport.AUTO
-        backend, reason = (verbs_backend, "") if verbs_backend else open_verbs_backend(self.config)
+        backend, reason = (
+            (verbs_backend, "") if verbs_backend else open_verbs_backend_for(self.config)
+        )
         if backend is None:
             if want:
                 raise RdmaUnavailableError(f"transport={self.config.transport.value}: {reason}")

@@ -47,6 +47,10 @@ def add_serve_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dir", default=None, help="spill evicted values to this directory")
     ap.add_argument("--dir-capacity", default=None, help="spill size limit (default 4x memory)")
     ap.add_argument("--replay-window-ms", type=int, default=30000, help="timestamp window")
+    ap.add_argument(
+        "--rdma", choices=["auto", "on", "off"], default="auto", help="serve one-sided RDMA"
+    )
+    ap.add_argument("--rdma-devices", default="", help="comma-separated device names (any)")
     ap.add_argument("--no-prefault", action="store_true", help="do not pre-fault memory")
     ap.add_argument("-v", "--verbose", action="store_true")
 
@@ -72,8 +76,27 @@ def serve(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError, OSError) as exc:
         print(f"memkv serve: {exc}", file=sys.stderr)
         return 2
+    responder, rdma_note = None, "rdma=on"
+    if args.rdma != "off":
+        from ..rdma import RdmaResponder
+        from ..verbs import open_verbs_backend
+
+        devices = [d for d in args.rdma_devices.split(",") if d]
+        backend, reason = open_verbs_backend(devices)
+        if backend is None:
+            if args.rdma == "on":
+                print(f"memkv serve: --rdma on: {reason}", file=sys.stderr)
+                return 2
+            rdma_note = f"rdma=off ({reason})"
+        else:
+            responder = RdmaResponder(backend, store)
     server = MemKVServer(
-        store, host, port, Signer(key), ReplayGuard(args.replay_window_ms * 1_000_000)
+        store,
+        host,
+        port,
+        Signer(key),
+        ReplayGuard(args.replay_window_ms * 1_000_000),
+        rdma=responder,
     )
     try:
         server.start()
@@ -88,7 +111,8 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     print(
         f"memkv: listening on {server.address} memory={store.capacity} lanes={args.lanes}"
-        + (f" dir={args.dir}" if args.dir else ""),
+        + (f" dir={args.dir}" if args.dir else "")
+        + f" {rdma_note}",
         flush=True,
     )
     server.serve_forever()

@@ -129,6 +129,8 @@ class MemKVServer:
         for c in conns:
             c.done.wait(max(0.0, deadline - time.monotonic()))
             c.close()
+        if self.rdma is not None:
+            self.rdma.close()
         self.store.close()
 
     def forget(self, c: _Connection) -> None:

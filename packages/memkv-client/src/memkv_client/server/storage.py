@@ -21,6 +21,7 @@ disk happens outside the lock.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import threading
 import time
@@ -55,6 +56,9 @@ class Arena:
         self.nblocks = nblocks
         self._map = mmap.mmap(-1, max(1, nblocks) * BLOCK_SIZE, flags=flags)
         self.view = memoryview(self._map)
+        anchor = ctypes.c_char.from_buffer(self._map)
+        self.base = ctypes.addressof(anchor)  # for registering the arena with RDMA
+        del anchor
         self._free = list(range(nblocks - 1, -1, -1))
 
     @property
@@ -73,11 +77,6 @@ class Arena:
 
     def block(self, i: int) -> memoryview:
         return self.view[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]
-
-    def address(self, i: int) -> int:
-        import ctypes
-
-        return ctypes.addressof(ctypes.c_char.from_buffer(self._map)) + i * BLOCK_SIZE
 
     def close(self) -> None:
         self.view.release()
