@@ -125,6 +125,20 @@ def stress_kvpool(session: nox.Session) -> None:
     session.run("python", "-m", "kvpool_mmap.stress", "--spawn", "--iterations", "100")
 
 
+@nox.session(name="bench-memkv")
+def bench_memkv(session: nox.Session) -> None:
+    """memkv-client: batch put/get of 1 MiB and 16 MiB values vs iperf3 on 127.0.0.1."""
+    import shutil
+
+    if shutil.which("iperf3") is None:
+        if shutil.which("apt-get") is None or os.geteuid() != 0:
+            session.skip("iperf3 is missing and apt-get is unavailable (need root + apt-get)")
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "iperf3", external=True)
+    install_package(session, "memkv-client", extra=None)
+    session.run("python", "-m", "memkv_client.bench", *session.posargs)
+
+
 # --- vllm-kv-astpatch against published vLLM sources ----------------------------------------
 # The wheels (~300 MB each) are downloaded, never installed: only scheduler.py is kept, in a
 # cache outside the checkout (KV_VLLM_SOURCES_CACHE), so a fresh clone downloads nothing.
