@@ -1,0 +1,46 @@
+"""MemKV for vLLM's native KV offloading: a ``"memkv"`` secondary tier for
+``TieringOffloadingSpec`` and the direct ``MemKVOffloadingSpec`` (``memkv_vllm.spec``).
+
+``register`` is the ``vllm.general_plugins`` entry point ``memkv_tier``; vLLM calls it in
+every process. Importing this package does not import vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from ._version import __version__
+
+__all__ = ["ENTRY_POINT", "TIER_TYPE", "__version__", "register"]
+
+log = logging.getLogger("memkv_vllm")
+ENTRY_POINT = "memkv_tier"
+TIER_TYPE = "memkv"
+_registered = False
+
+
+def register() -> None:
+    """Register the ``"memkv"`` secondary tier type with vLLM (idempotent).
+
+    Does nothing when ``VLLM_PLUGINS`` is set and does not name ``memkv_tier``.
+    """
+    global _registered
+    if _registered:
+        return
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if allowed is not None and ENTRY_POINT not in [p.strip() for p in allowed.split(",")]:
+        log.debug("memkv-vllm: not registering (VLLM_PLUGINS=%r)", allowed)
+        return
+    try:
+        from vllm.v1.kv_offload.tiering.factory import (  # type: ignore[import-not-found]
+            SecondaryTierFactory,
+        )
+    except ImportError as exc:
+        log.warning("memkv-vllm: this vLLM has no offloading tiers (%s); tier not registered", exc)
+        return
+    try:
+        SecondaryTierFactory.register_tier(TIER_TYPE, "memkv_vllm.tier", "MemKVTierManager")
+    except ValueError:
+        pass  # already registered in this process (e.g. by an earlier import path)
+    _registered = True

@@ -1,0 +1,39 @@
+"""Building the MemKV client and checking, at startup, that every server answers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+__all__ = ["connect"]
+
+log = logging.getLogger("memkv_vllm")
+
+
+def connect(probe: bool, who: str) -> Any:
+    """A ``memkv_client.Client`` from ``MEMKV_CONFIG`` / ``MEMKV_*``.
+
+    With ``probe``, every configured server is asked directly (``exists_on``); a server
+    that does not answer fails startup with a message naming it and the settings used.
+    """
+    import memkv_client
+
+    client = memkv_client.Client()
+    if not probe:
+        return client
+    servers = client.servers()
+    for server in servers:
+        try:
+            client.exists_on(server, [b"memkv-vllm/probe"])
+        except Exception as exc:
+            client.close()
+            raise RuntimeError(
+                f"memkv-vllm ({who}): MemKV server {server} does not answer ({exc}). "
+                f"Configured servers: {', '.join(servers)} (MEMKV_SERVERS or the servers: "
+                "field of MEMKV_CONFIG)."
+            ) from exc
+    log.info(
+        "memkv-vllm (%s): connected to %d MemKV server(s) %s over %s",
+        who, len(servers), ",".join(servers), "RDMA" if client.has_rdma() else "TCP",
+    )  # fmt: skip
+    return client

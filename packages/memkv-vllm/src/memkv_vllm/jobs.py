@@ -1,0 +1,120 @@
+"""Thread pools that run transfer jobs off the scheduler thread, and their results.
+
+Loads and stores have separate pools so a store backlog never delays a load. Stores
+are shed once the queued store bytes would exceed ``max_backlog_bytes`` (an empty
+backlog always admits one job). Results are polled, never called back. No vLLM import.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["JobOutcome", "JobRunner", "Finished"]
+
+
+@dataclass
+class JobOutcome:
+    """What one job did: ``ok_keys`` are the keys that made it (all of them on success)."""
+
+    success: bool
+    ok_keys: Collection[Any] = ()
+    failed_keys: Collection[Any] = ()
+    nbytes: int = 0
+
+
+@dataclass
+class Finished:
+    job_id: int
+    is_load: bool
+    outcome: JobOutcome
+    seconds: float = 0.0
+    shed: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class JobRunner:
+    def __init__(self, n_read: int, n_write: int, max_backlog_bytes: int) -> None:
+        self._reads = ThreadPoolExecutor(n_read, thread_name_prefix="memkv-load")
+        self._writes = ThreadPoolExecutor(n_write, thread_name_prefix="memkv-store")
+        self._max_backlog = max_backlog_bytes
+        self._lock = threading.Lock()
+        self._backlog = 0
+        self._done: deque[Finished] = deque()
+        self._futures: set[Future[None]] = set()
+
+    def submit_load(self, job_id: int, fn: Callable[[], JobOutcome]) -> None:
+        self._submit(self._reads, job_id, True, 0, fn)
+
+    def submit_store(self, job_id: int, nbytes: int, fn: Callable[[], JobOutcome]) -> bool:
+        """Queue a store; False (and a shed result) if the backlog is over its limit."""
+        with self._lock:
+            if self._backlog > 0 and self._backlog + nbytes > self._max_backlog:
+                self._done.append(Finished(job_id, False, JobOutcome(False), shed=True))
+                return False
+            self._backlog += nbytes
+        self._submit(self._writes, job_id, False, nbytes, fn)
+        return True
+
+    def _submit(
+        self,
+        pool: ThreadPoolExecutor,
+        job_id: int,
+        is_load: bool,
+        nbytes: int,
+        fn: Callable[[], JobOutcome],
+    ) -> None:
+        def run() -> None:
+            start = time.perf_counter()
+            try:
+                outcome = fn()
+            except Exception as exc:  # a job must always report, or vLLM leaks its slots
+                outcome = JobOutcome(False)
+                extra = {"error": repr(exc)}
+            else:
+                extra = {}
+            with self._lock:
+                self._backlog -= nbytes
+                self._done.append(
+                    Finished(job_id, is_load, outcome, time.perf_counter() - start, extra=extra)
+                )
+
+        future = pool.submit(run)
+        with self._lock:
+            self._futures.add(future)
+        future.add_done_callback(self._forget)
+
+    def _forget(self, future: Future[None]) -> None:
+        with self._lock:
+            self._futures.discard(future)
+
+    def finished(self) -> list[Finished]:
+        out: list[Finished] = []
+        with self._lock:
+            while self._done:
+                out.append(self._done.popleft())
+        return out
+
+    def pending(self) -> bool:
+        with self._lock:
+            return bool(self._futures) or bool(self._done)
+
+    @property
+    def backlog_bytes(self) -> int:
+        with self._lock:
+            return self._backlog
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Block until every submitted job has finished (results stay queued)."""
+        with self._lock:
+            futures = set(self._futures)
+        wait(futures, timeout=timeout)
+
+    def shutdown(self) -> None:
+        self._reads.shutdown(wait=True, cancel_futures=False)
+        self._writes.shutdown(wait=True, cancel_futures=False)

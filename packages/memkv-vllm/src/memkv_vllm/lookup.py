@@ -1,0 +1,152 @@
+"""Batched asynchronous presence lookups: one ``exists`` round per scheduler step.
+
+vLLM asks about one key at a time and must never block. :meth:`BatchedLookup.query`
+answers from a small TTL cache, or queues the key and answers PENDING (vLLM's RETRY).
+:meth:`BatchedLookup.flush` (called once per scheduler step) sends every queued key in one
+``exists`` call on a background thread; its answers land in the cache for the next step.
+A round that errors, or is still unanswered after ``timeout`` seconds, resolves its keys
+as absent, so a dead server degrades to recompute instead of stalling requests.
+No vLLM import.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+__all__ = ["Answer", "BatchedLookup"]
+
+log = logging.getLogger("memkv_vllm")
+
+
+class Answer(enum.Enum):
+    HIT = "hit"
+    MISS = "miss"
+    PENDING = "pending"
+
+
+class BatchedLookup:
+    """TTL-cached, batched ``exists`` lookups; thread-safe.
+
+    :param exists: the batched probe (``Client.exists``): names -> presence flags.
+    :param hit_ttl: seconds a 'present' answer is reused.
+    :param miss_ttl: seconds an 'absent' answer is reused.
+    :param timeout: seconds after which an unanswered round resolves as absent.
+    """
+
+    MAX_CACHED = 1 << 20
+
+    def __init__(
+        self,
+        exists: Callable[[list[bytes]], list[bool]],
+        *,
+        hit_ttl: float,
+        miss_ttl: float,
+        timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._exists = exists
+        self._hit_ttl = hit_ttl
+        self._miss_ttl = miss_ttl
+        self._timeout = timeout
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._known: dict[bytes, tuple[bool, float]] = {}
+        self._queued: dict[bytes, None] = {}
+        self._inflight: list[bytes] = []
+        self._inflight_set: set[bytes] = set()
+        self._round: Future[list[bool]] | None = None
+        self._round_started = 0.0
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="memkv-lookup")
+        self.rounds = 0
+        self.errors = 0
+
+    # --- called by the scheduler (never blocks on the network) --------------------------
+
+    def query(self, name: bytes) -> Answer:
+        with self._lock:
+            self._collect_locked()
+            return self._answer_locked(name, self._clock())
+
+    def query_all(self, names: Iterable[bytes]) -> Answer:
+        """HIT if every name is present, MISS if any is absent, else PENDING."""
+        with self._lock:
+            self._collect_locked()
+            now = self._clock()
+            answers = [self._answer_locked(n, now) for n in names]
+        if Answer.MISS in answers:
+            return Answer.MISS
+        return Answer.PENDING if Answer.PENDING in answers else Answer.HIT
+
+    def flush(self) -> None:
+        """Start one ``exists`` round for every queued name (if none is in flight)."""
+        with self._lock:
+            self._collect_locked()
+            if self._round is not None or not self._queued:
+                return
+            self._inflight = list(self._queued)
+            self._inflight_set = set(self._inflight)
+            self._queued.clear()
+            self._round_started = self._clock()
+            self._round = self._executor.submit(self._exists, list(self._inflight))
+            self.rounds += 1
+
+    def mark(self, names: Iterable[bytes], present: bool, ttl: float | None = None) -> None:
+        """Record what a store or load just proved about ``names``."""
+        with self._lock:
+            expires = self._clock() + (
+                ttl if ttl is not None else (self._hit_ttl if present else self._miss_ttl)
+            )
+            for n in names:
+                self._known[n] = (present, expires)
+                self._queued.pop(n, None)
+
+    def pending(self) -> bool:
+        with self._lock:
+            return bool(self._queued) or self._round is not None
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _answer_locked(self, name: bytes, now: float) -> Answer:
+        known = self._known.get(name)
+        if known is not None and known[1] > now:
+            return Answer.HIT if known[0] else Answer.MISS
+        if name not in self._queued and name not in self._inflight_set:
+            self._queued[name] = None
+        return Answer.PENDING
+
+    def _collect_locked(self) -> None:
+        round_ = self._round
+        if round_ is None:
+            return
+        now = self._clock()
+        if round_.done():
+            try:
+                flags = round_.result()
+            except Exception as exc:
+                self.errors += 1
+                log.warning("memkv-vllm: exists round failed (%s); treating keys as absent", exc)
+                flags = [False] * len(self._inflight)
+        elif now - self._round_started > self._timeout:
+            self.errors += 1
+            log.warning(
+                "memkv-vllm: exists round unanswered after %.1fs; treating %d keys as absent",
+                self._timeout, len(self._inflight),
+            )  # fmt: skip
+            flags = [False] * len(self._inflight)
+        else:
+            return
+        for name, present in zip(self._inflight, flags, strict=True):
+            self._known[name] = (present, now + (self._hit_ttl if present else self._miss_ttl))
+        self._inflight = []
+        self._inflight_set = set()
+        self._round = None
+        if len(self._known) > self.MAX_CACHED:
+            self._known = {k: v for k, v in self._known.items() if v[1] > now}

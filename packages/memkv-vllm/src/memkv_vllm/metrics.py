@@ -1,0 +1,93 @@
+"""The tier's Prometheus metrics: names, definitions for vLLM, and a thread-safe recorder.
+
+Transfer threads record into plain counters; ``take()`` (called from vLLM's
+``get_stats`` on the scheduler thread) turns the deltas into vLLM's stats object and
+resets them. Counters show up in ``/metrics`` with a ``_total`` suffix.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Any
+
+__all__ = ["METRICS", "TierMetrics", "metric_definitions"]
+
+PREFIX = "vllm:kv_offload_memkv_"
+STORE_BYTES = PREFIX + "store_bytes"
+LOAD_BYTES = PREFIX + "load_bytes"
+BLOCKS = PREFIX + "blocks"
+JOB_SECONDS = PREFIX + "job_seconds"
+JOBS_FAILED = PREFIX + "jobs_failed"
+STORE_SHEDS = PREFIX + "store_sheds"
+LOOKUPS = PREFIX + "lookups"
+LOOKUP_ROUNDS = PREFIX + "lookup_rounds"
+
+# name -> (kind, documentation, label names)
+METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    STORE_BYTES: ("counter", "Bytes stored from the CPU pool into MemKV.", ()),
+    LOAD_BYTES: ("counter", "Bytes loaded from MemKV into the CPU pool.", ()),
+    BLOCKS: ("counter", "Chunks moved to (op=store) or from (op=load) MemKV.", ("op",)),
+    JOB_SECONDS: ("histogram", "Duration of MemKV transfer jobs, by op.", ("op",)),
+    JOBS_FAILED: ("counter", "MemKV transfer jobs that failed, by op.", ("op",)),
+    STORE_SHEDS: ("counter", "Store jobs shed because the store backlog was full.", ()),
+    LOOKUPS: ("counter", "MemKV lookup answers given to vLLM, by result.", ("result",)),
+    LOOKUP_ROUNDS: ("counter", "Batched exists rounds sent to MemKV.", ()),
+}
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def metric_definitions() -> dict[str, Any]:
+    """``build_metric_definitions`` for vLLM (metadata classes from its base module)."""
+    from . import _compat as c
+
+    out: dict[str, Any] = {}
+    for name, (kind, doc, labels) in METRICS.items():
+        if kind == "counter":
+            out[name] = c.OffloadingCounterMetadata(documentation=doc, labelnames=labels)
+        elif kind == "gauge":
+            out[name] = c.OffloadingGaugeMetadata(documentation=doc, labelnames=labels)
+        else:
+            out[name] = c.OffloadingHistogramMetadata(
+                documentation=doc, labelnames=labels, buckets=BUCKETS
+            )
+    return out
+
+
+class TierMetrics:
+    """Accumulates observations from any thread; ``take`` hands them to vLLM."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counters: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
+        self._samples: dict[tuple[str, tuple[str, ...]], list[float]] = defaultdict(list)
+        # lifetime totals, for logs and tests
+        self.totals: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
+
+    def inc(self, name: str, value: float = 1, labels: tuple[str, ...] = ()) -> None:
+        if not value:
+            return
+        with self._lock:
+            self._counters[(name, labels)] += value
+            self.totals[(name, labels)] += value
+
+    def observe(self, name: str, value: float, labels: tuple[str, ...] = ()) -> None:
+        with self._lock:
+            self._samples[(name, labels)].append(value)
+
+    def take(self) -> Any:
+        """An ``OffloadingConnectorStats`` with everything since the last call, or None."""
+        with self._lock:
+            counters, self._counters = self._counters, defaultdict(float)
+            samples, self._samples = self._samples, defaultdict(list)
+        if not counters and not samples:
+            return None
+        from . import _compat as c
+
+        stats = c.new_stats()
+        for (name, labels), value in counters.items():
+            stats.increase_counter(name, value, labels)
+        for (name, labels), values in samples.items():
+            for v in values:
+                stats.observe_histogram(name, v, labels)
+        return stats

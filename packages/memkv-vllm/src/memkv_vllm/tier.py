@@ -1,0 +1,247 @@
+"""``MemKVTierManager``: MemKV as a secondary tier of vLLM's ``TieringOffloadingSpec``.
+
+Runs in the scheduler (EngineCore) process. vLLM keeps the CPU pool as the primary tier;
+this tier sees one value per (block hash, KV cache group): the full CPU-pool row of the
+chunk (every TP rank's bytes, ``stride`` bytes). Stores and loads read and write the
+pool's rows in place through ``batch_put_views`` / ``batch_get_into``.
+
+Every vLLM-facing method is a short delegation: lookups to :class:`~.lookup.BatchedLookup`,
+transfers to :class:`~.jobs.JobRunner`, names to :class:`~.naming.TierNamer`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Collection, Iterable
+from typing import Any, ClassVar
+
+import numpy as np
+
+from . import _compat as c
+from ._client import connect
+from .config import TierConfig
+from .jobs import JobOutcome, JobRunner
+from .lookup import Answer, BatchedLookup
+from .metrics import (
+    BLOCKS,
+    JOB_SECONDS,
+    JOBS_FAILED,
+    LOAD_BYTES,
+    LOOKUP_ROUNDS,
+    LOOKUPS,
+    STORE_BYTES,
+    STORE_SHEDS,
+    TierMetrics,
+    metric_definitions,
+)
+from .naming import TierNamer
+from .weights import weights_fingerprint
+
+__all__ = ["MemKVTierManager", "memkv"]
+
+log = logging.getLogger("memkv_vllm")
+_RESULT = {
+    Answer.HIT: c.LookupResult.HIT,
+    Answer.MISS: c.LookupResult.MISS,
+    Answer.PENDING: c.LookupResult.RETRY,
+}
+
+
+def _chunks(items: list[int], size: int) -> Iterable[list[int]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
+    """A ``secondary_tiers`` entry ``{"type": "memkv", ...}``; keys in :class:`TierConfig`."""
+
+    medium: ClassVar[Any] = c.MEDIUM_CPU
+    tolerates_off_thread_polling: ClassVar[bool] = True  # every method is thread-safe
+
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
+        return metric_definitions()
+
+    def __init__(
+        self,
+        offloading_spec: Any,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        backpressure_detector: Any = None,
+        **tier_config: Any,
+    ) -> None:
+        c.init_tier_base(self, offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        self.cfg = TierConfig.from_dict(tier_config)
+        if tier_config.get("locality") is None and c.LOCALITY_REMOTE is not None:
+            self.locality = c.LOCALITY_REMOTE
+        self._rows = np.asarray(primary_kv_view)  # zero-copy: the mmap'd CPU pool
+        assert self._rows.ndim == 2, self._rows.shape
+        self._row_bytes = int(self._rows.strides[0])
+        model = offloading_spec.config.model.name
+        self.fingerprint = weights_fingerprint(model)
+        self._namer = TierNamer(c.make_file_mapper(self.cfg.prefix, offloading_spec), self.fingerprint)
+        problem = c.hash_seed_problem()
+        if problem:
+            log.warning(
+                "memkv-vllm: %s and PYTHONHASHSEED is unset: instances will never share "
+                "KV through MemKV. Set PYTHONHASHSEED (e.g. 0) on every instance.", problem
+            )
+        self._client = connect(self.cfg.probe_servers, "tier")
+        self._lookup = BatchedLookup(
+            self._client.exists,
+            hit_ttl=self.cfg.lookup_hit_ttl_s,
+            miss_ttl=self.cfg.lookup_miss_ttl_s,
+            timeout=self.cfg.lookup_timeout_s,
+        )
+        self._jobs = JobRunner(
+            self.cfg.n_read_threads, self.cfg.n_write_threads, self.cfg.max_store_backlog_mb << 20
+        )
+        self._metrics = TierMetrics()
+        self._rounds_reported = 0
+        self._write_config_record(offloading_spec)
+        log.info(
+            "memkv-vllm: tier ready: %d-byte values under %s (vLLM %s)",
+            self._row_bytes, self._namer.run_folder, c.vllm_version(),
+        )  # fmt: skip
+
+    def _write_config_record(self, spec: Any) -> None:
+        record = {
+            "fields": c.make_file_mapper(self.cfg.prefix, spec).get_run_config(),
+            "weights_fingerprint": self.fingerprint,
+            "value_bytes": self._row_bytes,
+            "vllm": c.vllm_version(),
+        }
+        try:
+            self._client.put(self._namer.config_record_name(), json.dumps(record).encode())
+        except Exception as exc:  # informational only
+            log.warning("memkv-vllm: could not write the run's config record: %s", exc)
+
+    # --- lookups ------------------------------------------------------------------------
+
+    def lookup(self, key: Any, req_context: Any) -> Any:
+        answer = self._lookup.query(self._namer.name(key))
+        self._metrics.inc(LOOKUPS, 1, (answer.value,))
+        return _RESULT[answer]
+
+    def on_schedule_end(self, context: Any) -> None:
+        self._lookup.flush()
+
+    # --- transfers ----------------------------------------------------------------------
+
+    def submit_store(self, job_metadata: Any) -> None:
+        keys = list(job_metadata.keys)
+        slots = c.job_slots(job_metadata)
+        names = [self._namer.name(k) for k in keys]
+        if not self._jobs.submit_store(
+            job_metadata.job_id,
+            len(keys) * self._row_bytes,
+            lambda: self._store(keys, names, slots),
+        ):
+            self._metrics.inc(STORE_SHEDS)
+
+    def _store(self, keys: list[Any], names: list[bytes], slots: np.ndarray) -> JobOutcome:
+        # values are content-addressed: skip what another instance already stored
+        present = self._client.exists(names)
+        ok = {i for i, p in enumerate(present) if p}
+        todo = [i for i, p in enumerate(present) if not p]
+        sent = 0
+        for part in _chunks(todo, self.cfg.blocks_per_op):
+            items = [(names[i], self._rows[slots[i]], self._row_bytes) for i in part]
+            for i, result in zip(part, self._client.batch_put_views(items), strict=True):
+                if result.ok:
+                    ok.add(i)
+                    sent += self._row_bytes
+        self._lookup.mark([names[i] for i in ok], True)
+        self._metrics.inc(STORE_BYTES, sent)
+        self._metrics.inc(BLOCKS, len(todo), ("store",))
+        return JobOutcome(
+            success=len(ok) == len(keys), ok_keys=[keys[i] for i in sorted(ok)], nbytes=sent
+        )
+
+    def submit_load(self, job_metadata: Any) -> None:
+        keys = list(job_metadata.keys)
+        slots = c.job_slots(job_metadata)
+        names = [self._namer.name(k) for k in keys]
+        self._jobs.submit_load(job_metadata.job_id, lambda: self._load(keys, names, slots))
+
+    def _load(self, keys: list[Any], names: list[bytes], slots: np.ndarray) -> JobOutcome:
+        ok: list[int] = []
+        failed: list[int] = []
+        for part in _chunks(list(range(len(keys))), self.cfg.blocks_per_op):
+            items = [(names[i], self._rows[slots[i]], self._row_bytes) for i in part]
+            for i, result in zip(part, self._client.batch_get_into(items), strict=True):
+                (ok if result.ok else failed).append(i)
+        if failed:
+            # gone between lookup and load (evicted, server restarted): read as absent for
+            # a while so vLLM recomputes instead of asking again
+            self._lookup.mark([names[i] for i in failed], False, self.cfg.load_failure_ttl_s)
+            log.warning(
+                "memkv-vllm: %d of %d chunks could not be loaded (first: %s); vLLM recomputes",
+                len(failed), len(keys), names[failed[0]].decode(errors="replace"),
+            )  # fmt: skip
+        nbytes = len(ok) * self._row_bytes
+        self._metrics.inc(LOAD_BYTES, nbytes)
+        self._metrics.inc(BLOCKS, len(ok), ("load",))
+        return JobOutcome(
+            success=not failed,
+            ok_keys=[keys[i] for i in ok],
+            failed_keys=[keys[i] for i in failed],
+            nbytes=nbytes,
+        )
+
+    def get_finished_jobs(self) -> Iterable[Any]:
+        results = []
+        for done in self._jobs.finished():
+            op = "load" if done.is_load else "store"
+            outcome = done.outcome
+            if done.shed:
+                results.append(c.make_job_result(done.job_id, False))
+                continue
+            if "error" in done.extra:
+                log.error("memkv-vllm: %s job %d raised %s", op, done.job_id, done.extra["error"])
+            self._metrics.observe(JOB_SECONDS, done.seconds, (op,))
+            if not outcome.success:
+                self._metrics.inc(JOBS_FAILED, 1, (op,))
+            results.append(
+                c.make_job_result(
+                    done.job_id,
+                    outcome.success,
+                    successful_keys=outcome.ok_keys if done.is_load else None,
+                    transfer_time=done.seconds,
+                    transfer_bytes=outcome.nbytes,
+                )
+            )
+        return results
+
+    def drain_jobs(self) -> None:
+        self._jobs.drain()
+
+    def has_pending_work(self) -> bool:
+        self._lookup.flush()
+        return self._jobs.pending() or self._lookup.pending()
+
+    # --- per-request hooks (nothing to keep per request) --------------------------------
+
+    def on_new_request(self, req_context: Any) -> Any:
+        return c.RequestOffloadingContext()
+
+    def touch(self, keys: Collection[Any], req_context: Any) -> None:
+        return None
+
+    # --- stats and lifetime -------------------------------------------------------------
+
+    def get_stats(self) -> Any:
+        rounds = self._lookup.rounds
+        self._metrics.inc(LOOKUP_ROUNDS, rounds - self._rounds_reported)
+        self._rounds_reported = rounds
+        return self._metrics.take()
+
+    def shutdown(self) -> None:
+        self._jobs.drain(timeout=30)
+        self._jobs.shutdown()
+        self._lookup.close()
+        self._client.close()
+
+
+memkv = MemKVTierManager  # `{"type": "memkv", "module_path": "memkv_vllm.tier"}` (vLLM >= 0.28)

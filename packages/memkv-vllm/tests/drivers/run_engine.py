@@ -1,0 +1,72 @@
+"""Run one real vLLM engine (in this process) through phases; print results as JSON.
+
+Usage: python run_engine.py SPEC.json. Like tests-integration/drivers/generate.py, plus:
+a phase may ``pause`` first (the driver writes ``<pause_dir>/paused-<i>`` and waits for
+``<pause_dir>/resume-<i>``, so the test can restart the MemKV server in between) and may
+reset the offloading connector too (``reset_connector``). The last stdout line is
+``RESULT <json>``: per phase, per prompt, the generated token ids and ``num_cached_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _pause(spec: dict[str, Any], index: int) -> None:
+    folder = Path(spec["pause_dir"])
+    (folder / f"paused-{index}").touch()
+    deadline = time.monotonic() + 300
+    while not (folder / f"resume-{index}").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no resume-{index} after 300 s")
+        time.sleep(0.1)
+
+
+def run(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+
+    kwargs: dict[str, Any] = {
+        "model": spec["model"],
+        "dtype": "bfloat16",
+        "enforce_eager": True,
+        "enable_prefix_caching": True,
+        "block_size": 32,
+        "kv_cache_memory_bytes": spec.get("kv_cache_memory_bytes", 16 << 20),
+        "max_model_len": 4096,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 4096,
+        "seed": 0,
+    }
+    if spec.get("kv_transfer_config"):
+        kwargs["kv_transfer_config"] = KVTransferConfig(**spec["kv_transfer_config"])
+    llm = LLM(**kwargs)
+    results = []
+    for index, phase in enumerate(spec["phases"]):
+        if phase.get("pause"):
+            _pause(spec, index)
+        if phase.get("reset_prefix_cache") or phase.get("reset_connector"):
+            ok = llm.reset_prefix_cache(reset_connector=bool(phase.get("reset_connector")))
+            print(f"PHASE {index} reset_prefix_cache -> {ok}", flush=True)
+        params = SamplingParams(max_tokens=phase.get("max_tokens", 8), temperature=0.0, ignore_eos=True)
+        outputs = llm.generate(
+            [{"prompt_token_ids": ids} for ids in phase["prompts"]], params, use_tqdm=False
+        )
+        results.append(
+            [
+                {"tokens": list(o.outputs[0].token_ids), "cached": o.num_cached_tokens or 0}
+                for o in outputs
+            ]
+        )
+        print(f"PHASE {index} cached={[r['cached'] for r in results[-1]]}", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as handle:
+        spec = json.load(handle)
+    print("RESULT " + json.dumps(run(spec)), flush=True)
