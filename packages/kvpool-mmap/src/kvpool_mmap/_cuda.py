@@ -43,7 +43,13 @@ def host_register(ptr: int, nbytes: int) -> bool:
     rc = torch.cuda.cudart().cudaHostRegister(ptr, nbytes, _HOST_REGISTER_PORTABLE)
     code = int(getattr(rc, "value", rc))
     if code != 0:
-        log.warning("cudaHostRegister(%#x, %d) failed with error %d", ptr, nbytes, code)
+        log.warning(
+            "cudaHostRegister(%#x, %d) failed with error %d; L1 stays pageable (slow DMA). "
+            "Only tmpfs/shmem-backed L1 files (e.g. under /dev/shm) can be registered",
+            ptr,
+            nbytes,
+            code,
+        )
         return False
     return True
 
