@@ -29,7 +29,9 @@ class L1RankFile:
     thread or process. The store decides who may touch which slot (see TieredStore).
     """
 
-    def __init__(self, config: StoreConfig, rank: int, *, create: bool) -> None:
+    def __init__(
+        self, config: StoreConfig, rank: int, *, create: bool, populate: bool | None = None
+    ) -> None:
         config.check_tp_rank(rank)
         prepare_dir(config.l1.path, "l1.path")
         self.config = config
@@ -60,7 +62,7 @@ class L1RankFile:
                 )
             if os.fstat(self._fd).st_size < size:
                 raise LayoutMismatchError(f"L1 file {self.path} is shorter than {size} bytes")
-            self._mm = map_file(self._fd, size, populate=True)
+            self._mm = map_file(self._fd, size, populate=create if populate is None else populate)
         except BaseException:
             os.close(self._fd)
             raise
@@ -118,12 +120,16 @@ class L1RankFile:
         self.close(unlink=self.created)
 
 
-def open_l1_rank(config: StoreConfig, rank: int, create: bool = True) -> L1RankFile:
+def open_l1_rank(
+    config: StoreConfig, rank: int, create: bool = True, populate: bool | None = None
+) -> L1RankFile:
     """Map tensor-parallel rank `rank`'s L1 file.
 
     create=True (a vLLM worker at start-up, or a standalone store) makes the file fresh,
     reserving its space (InsufficientSpaceError if the tmpfs is too small); create=False
     attaches to an existing file and raises LayoutMismatchError if it is missing or was
-    made for another geometry, engine or fingerprint.
+    made for another geometry, engine or fingerprint. populate (default: create) pre-faults
+    the mapping (MAP_POPULATE) so GPU copies never fault; the scheduler-side store, which
+    maps every rank only for L2 transfers, attaches without it.
     """
-    return L1RankFile(config, rank, create=create)
+    return L1RankFile(config, rank, create=create, populate=populate)
