@@ -8,12 +8,17 @@ module; without that variable these tests are skipped.
 from __future__ import annotations
 
 import ast
+import builtins
 import os
 import re
+import sys
+import types
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from vllm_kv_astpatch._hybrid import SUPPORTED_VLLM, parse_version
+from vllm_kv_astpatch._hybrid import SUPPORTED_VLLM, HybridPatch, parse_version
 from vllm_kv_astpatch._mechanism import FunctionNode, find_function
 from vllm_kv_astpatch._transforms import (
     guard_split_on_async_load,
@@ -116,3 +121,88 @@ def test_supported_range_covers_exactly_the_releases_with_the_assert() -> None:
         parsed = parse_version(version_of(path))
         assert parsed is not None
         assert (low <= parsed < high) == has_assert(version_of(path))
+
+
+# --- the whole pipeline on the real file ---------------------------------------------------
+# The wheel's scheduler.py is executed as a module whose `vllm` imports are stand-ins, so
+# the live functions are compiled from the real file: prepare() must verify them against
+# a recompile of that file, install the edits, and the split must then accept external
+# tokens.
+
+
+class _StandIn(type):
+    """Any name imported from vLLM: subclassable, subscriptable, callable, union-able."""
+
+    def __getattr__(cls, name: str) -> _StandIn:
+        return _StandIn(name, (), {})
+
+    def __getitem__(cls, item: object) -> _StandIn:
+        return cls
+
+    def __or__(cls, other: object) -> _StandIn:
+        return cls
+
+    def __ror__(cls, other: object) -> _StandIn:
+        return cls
+
+    def __call__(cls, *args: object, **kwargs: object) -> object:
+        return cls
+
+
+def _load_with_stand_ins(path: Path, name: str) -> types.ModuleType:
+    real_import = builtins.__import__
+
+    def fake_import(
+        module: str,
+        globals: object = None,
+        locals: object = None,
+        fromlist: object = (),
+        level: int = 0,
+    ) -> object:
+        if module == "vllm" or module.startswith("vllm."):
+            return _StandIn(module, (), {})
+        return real_import(module, globals, locals, fromlist, level)  # type: ignore[arg-type]
+
+    mod = types.ModuleType(name)
+    mod.__file__ = str(path)
+    mod.__builtins__ = {**vars(builtins), "__import__": fake_import}  # type: ignore[attr-defined]
+    exec(compile(path.read_text(), str(path), "exec", dont_inherit=True), mod.__dict__)
+    return mod
+
+
+@pytest.fixture
+def real_module(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[types.ModuleType]:
+    source: Path = request.param
+    name = f"astpatch_real_scheduler_{version_of(source).replace('.', '_')}"
+    copy = tmp_path / f"{name}.py"
+    copy.write_text(source.read_text())
+    sys.modules[name] = _load_with_stand_ins(copy, name)
+    yield sys.modules[name]
+    del sys.modules[name]
+
+
+@pytest.mark.parametrize("real_module", SOURCES, ids=version_of, indirect=True)
+def test_hybrid_patch_on_the_real_file(real_module: types.ModuleType) -> None:
+    version = real_module.__name__.removeprefix("astpatch_real_scheduler_").replace("_", ".")
+    split = real_module.Scheduler._mamba_block_aligned_split
+    schedule = real_module.Scheduler.schedule
+    codes = (split.__code__, schedule.__code__)
+    this = SimpleNamespace(
+        cache_config=SimpleNamespace(block_size=16),
+        use_eagle=False,
+        use_eagle_block_drop=False,
+    )
+    request = SimpleNamespace(num_computed_tokens=0, num_prompt_tokens=100, num_tokens=100)
+
+    report = HybridPatch(real_module.__name__, version_of=lambda: version).apply()
+
+    if not has_assert(version):
+        assert report.status == "not-needed"
+        assert (split.__code__, schedule.__code__) == codes
+        return
+    assert report.status == "applied", report
+    assert report.changed
+    assert split.__code__ is not codes[0]
+    assert schedule.__code__ is not codes[1]
+    # 16 external tokens, 50 new: the chunk is cut to a block boundary (48), no assert
+    assert split(this, request, 50, 0, 16) == 48

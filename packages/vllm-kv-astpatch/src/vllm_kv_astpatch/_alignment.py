@@ -1,9 +1,9 @@
 """Where an external KV hit may end on a model with Mamba layers.
 
 vLLM keeps a Mamba group's recurrent state only at multiples of that group's
-``block_size`` (in ``align`` and ``all`` cache modes ``mamba_block_size`` equals the
-scheduler block size; with prefix caching off it is ``max_model_len``, so no hit can
-end on a cached state). A hit that ends anywhere else resumes from a state that does
+``block_size`` (``cache_config.mamba_block_size``: the scheduler block size in
+``align`` mode; ``max_model_len`` with prefix caching off, so no hit can end on a
+cached state). A hit that ends anywhere else resumes from a state that does
 not exist. So the end of the hit, ``num_computed_tokens + hit``, is rounded down to a
 multiple of every Mamba group's block size.
 
