@@ -367,3 +367,19 @@ def test_config_round_trip_through_dict(make_config: MakeConfig) -> None:
     cfg = make_config()
     d = {**cfg.__dict__, "l1": cfg.l1.__dict__, "l2": cfg.l2.__dict__ if cfg.l2 else None}
     assert StoreConfig.from_dict(d) == cfg
+
+
+def test_clear_drops_everything_unpinned(make_config: MakeConfig, store_factory: Factory) -> None:
+    cfg = make_config(l1_slots=4, l2_slots=16)
+    s = TieredStore(cfg)
+    put_chain(s, [0, 1, 2])
+    settle(s)
+    load = s.begin_load([key(0)])
+    assert s.clear() == 2  # key 0 is pinned by the load
+    assert s.lookup([key(0), key(1)]) == [Tier.L1]
+    s.end_load(load)
+    assert s.clear() == 1
+    assert len(s) == 0
+    check_invariants(s)
+    s.close()
+    assert len(store_factory(cfg)) == 0  # nothing comes back after a restart

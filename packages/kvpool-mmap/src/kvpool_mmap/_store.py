@@ -136,6 +136,9 @@ class TieredStore:
         """Tier of each block of the longest cached prefix of `keys`. Pins nothing."""
         self._reap()
         self._counters["lookups"] += 1
+        return self._prefix(keys)
+
+    def _prefix(self, keys: Sequence[bytes]) -> list[Tier]:
         out: list[Tier] = []
         for k in keys:
             e = self._entries.get(k)
@@ -155,7 +158,8 @@ class TieredStore:
         Non-blocking. The ticket covers the prefix found now (possibly shorter than a
         lookup made earlier); blocks that cannot get an L1 slot are in ticket.failed.
         """
-        tiers = self.lookup(keys)
+        self._reap()
+        tiers = self._prefix(keys)
         n = len(tiers)
         entries = [self._entries[k] for k in keys[:n]]
         ticket = LoadTicket(self._new_id(), list(keys[:n]), tiers, [-1] * n)
@@ -320,6 +324,33 @@ class TieredStore:
                 self._queue_write_through(e, force=True)
         self._drain(timeout)
         self._mover.sync()
+
+    def clear(self) -> int:
+        """Drop every block that nothing uses (both tiers; L2 headers invalidated).
+
+        For vLLM's reset_prefix_cache. Blocks pinned or in flight stay. Returns the number
+        of keys dropped. Blocks until the invalidations are written.
+        """
+        self._drain(None)
+        self._wt_queue.clear()
+        dropped = 0
+        for e in list(self._entries.values()):
+            if e.l1_pins or e.l2_pins or e.evicting:
+                continue
+            if e.l1_state in (SlotState.WRITING, SlotState.FILLING):
+                continue
+            if e.l2_state == SlotState.WRITING:
+                continue
+            if self._l1_tracked(e):
+                self._l1_policy.remove(e.key)
+                self._free_l1(e)
+            if e.l2_readable:
+                self._drop_l2(e)
+            e.wt_queued = False
+            self._forget(e)
+            dropped += 1
+        self._drain(None)
+        return dropped
 
     def stats(self) -> StoreStats:
         """A snapshot of the counters and gauges."""
