@@ -83,3 +83,11 @@ def test_torch_view_shares_memory(make_config: MakeConfig) -> None:
         assert tuple(t.shape) == (2, 4096)
         t[1, 0] = 42
         assert f.array[1, 0] == 42
+
+
+def test_import_does_not_pull_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, kvpool_mmap; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
