@@ -147,3 +147,32 @@ def test_replies_are_signed_by_the_server(server: ServerProcess) -> None:
     assert reply is not None
     assert signer.verify(reply.header.pack(), reply.meta, reply.mac)
     assert not Signer(b"\x22" * 32).verify(reply.header.pack(), reply.meta, reply.mac)
+
+
+def test_version_negotiation(server: ServerProcess) -> None:
+    signer = Signer(KEY)
+    reply = _exchange(server.address, _frame(signer, p.Op.HELLO, p.encode_hello(1, 3)))
+    assert reply is not None
+    assert reply.header.status == p.Status.OK
+    assert p.decode_hello_reply(reply.meta).version == 1
+    reply = _exchange(server.address, _frame(signer, p.Op.HELLO, p.encode_hello(2, 3)))
+    assert reply is not None
+    assert reply.header.status == p.Status.UNSUPPORTED_VERSION
+    assert b"server 1..1" in reply.meta
+    meta = p.encode_keys([b"k"])
+    header = p.Header(2, p.Op.EXISTS, 0, 0, 1, time.time_ns(), len(meta), 0).pack()
+    reply = _exchange(server.address, header + signer.sign(header, meta) + meta)
+    assert reply is not None
+    assert reply.header.status == p.Status.UNSUPPORTED_VERSION
+
+
+def test_down_server_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    from conftest import free_port
+
+    caplog.set_level("WARNING", logger="memkv_client")
+    with make_client(f"127.0.0.1:{free_port()}") as c:  # nothing listens there
+        for _ in range(5):
+            assert c.exists(["a", "b"]) == [False, False]
+    warnings = [r for r in caplog.records if "reported as absent" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "connect failed" in warnings[0].getMessage()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -39,6 +40,8 @@ __all__ = ["Client"]
 
 log = logging.getLogger("memkv_client")
 T = TypeVar("T")
+_MIN_SPLIT = 8 << 20  # split a server's batch across connections above this many bytes
+_EXISTS_CHUNK = 512  # keys per EXISTS request (keys are small; meta stays < 1 MiB)
 Item = tuple[bytes | str, BufferOrAddress, int]
 
 
@@ -84,6 +87,8 @@ class Client:
         self._closed = False
         self._lock = threading.Lock()
         self._max_request = config.max_request_mb << 20
+        self._max_items = min(config.max_batch_size, p.MAX_BATCH_ITEMS)
+        self._warned: dict[str, float] = {}
 
     # --- construction helpers ----------------------------------------------------------
 
@@ -151,14 +156,22 @@ class Client:
                 out.append(exc)
         return out
 
-    def _chunks(self, positions: list[int], sizes: Sequence[int], limit: int) -> list[list[int]]:
+    def _chunks(
+        self, positions: list[int], sizes: Sequence[int], max_items: int
+    ) -> list[list[int]]:
+        """Split one server's items into requests: at most ``max_items`` items and
+        ``max_request_mb`` of values each, and (for big batches) spread over up to
+        ``num_connections`` requests of at least ``_MIN_SPLIT`` bytes so they run in
+        parallel."""
+        total = sum(sizes[i] for i in positions)
+        ways = max(1, min(self.config.num_connections, total // _MIN_SPLIT, len(positions)))
+        per_request = min(self._max_request, -(-total // ways))
         chunks: list[list[int]] = []
         cur: list[int] = []
         cur_bytes = 0
-        max_items = min(self.config.max_batch_size, limit)
         for pos in positions:
             n = sizes[pos]
-            if cur and (len(cur) >= max_items or cur_bytes + n > self._max_request):
+            if cur and (len(cur) >= max_items or cur_bytes + n > per_request):
                 chunks.append(cur)
                 cur, cur_bytes = [], 0
             cur.append(pos)
@@ -178,7 +191,7 @@ class Client:
         tasks: list[Callable[[], tuple[list[int], list[ItemResult]]]] = []
         for server, positions in self._router.group(keys).items():
             pool = self._pools[server]
-            for chunk in self._chunks(positions, sizes, p.MAX_BATCH_ITEMS):
+            for chunk in self._chunks(positions, sizes, self._max_items):
 
                 def task(
                     pool: ServerPool[Any] = pool, chunk: list[int] = chunk
@@ -198,6 +211,15 @@ class Client:
                 results[pos] = r
         return results
 
+    def _warn_limited(self, topic: str, message: str) -> None:
+        """Log a warning at most once per 10 s per topic (hot paths such as exists)."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._warned.get(topic, -1e9) < 10.0:
+                return
+            self._warned[topic] = now
+        log.warning("memkv: %s", message)
+
     def _check_value_len(self, n: int, key: bytes) -> None:
         if n > p.DEFAULT_MAX_VALUE_LEN:
             raise ValueTooLargeError(
@@ -212,22 +234,27 @@ class Client:
         self._check_open()
         kb = [as_key(k) for k in keys]
         out = [False] * len(kb)
-        tasks: list[Callable[[], tuple[list[int], list[bool]]]] = []
+        tasks: list[Callable[[], tuple[list[int], list[bool] | MemKVError, str]]] = []
         for server, positions in self._router.group(kb).items():
             pool = self._pools[server]
-            for chunk in self._chunks(positions, [0] * len(kb), p.MAX_BATCH_ITEMS):
+            for chunk in self._chunks(positions, [0] * len(kb), _EXISTS_CHUNK):
 
                 def task(
                     pool: ServerPool[Any] = pool, chunk: list[int] = chunk
-                ) -> tuple[list[int], list[bool]]:
-                    return chunk, pool.run(lambda s: s.exists([kb[i] for i in chunk]))
+                ) -> tuple[list[int], list[bool] | MemKVError, str]:
+                    try:
+                        flags = pool.run(lambda s: s.exists([kb[i] for i in chunk]))
+                    except MemKVError as exc:
+                        return chunk, exc, pool.address
+                    return chunk, flags, pool.address
 
                 tasks.append(task)
         for outcome in self._run_all(tasks):
-            if isinstance(outcome, BaseException):
-                log.warning("memkv: exists: %s (reported as absent)", outcome)
+            assert not isinstance(outcome, BaseException)
+            chunk, flags, address = outcome
+            if isinstance(flags, MemKVError):
+                self._warn_limited(address, f"exists: {flags} (reported as absent)")
                 continue
-            chunk, flags = outcome
             for pos, flag in zip(chunk, flags, strict=True):
                 out[pos] = flag
         return out

@@ -30,6 +30,7 @@ __all__ = ["MemKVServer"]
 
 log = logging.getLogger("memkv_client.server")
 _DRAIN = memoryview(bytearray(1 << 20))
+_SINK = memoryview(bytearray(1 << 16))  # shared scratch: contents are never read
 
 
 class _Closed(Exception):  # noqa: N818 (control flow, not an error)
@@ -194,7 +195,9 @@ class _Connection:
             while not self.server.stopping:
                 if not self._serve_one():
                     break
-        except (TransportError, OSError, _Closed):
+        except _Closed:
+            self._drain_and_close()
+        except (TransportError, OSError):
             pass
         except Exception:  # a bug must not take the server down
             log.exception("memkv: connection handler failed")
@@ -204,6 +207,18 @@ class _Connection:
             self.sock.close()
             self.server.forget(self)
             self.done.set()
+
+    def _drain_and_close(self) -> None:
+        """After an error reply: half-close, then read what the peer still sends (bounded),
+        so the close does not reset the connection and destroy the reply in flight."""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+            self.sock.settimeout(0.5)
+            for _ in range(64):
+                if not self.sock.recv_into(_SINK):
+                    break
+        except OSError:
+            pass
 
     def _serve_one(self) -> bool:
         prefix = bytearray(p.PREFIX_SIZE)
