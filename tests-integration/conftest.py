@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import tiny_model  # noqa: E402
 
 BLOCK = 32
-VOCAB = 900  # below the tiny tokenizer's vocabulary size
+VOCAB = tiny_model.SAFE_VOCAB
 
 
 @dataclass
@@ -103,7 +103,9 @@ def run_engine(tmp_path: Path) -> Callable[..., EngineRun]:
     return run
 
 
-def make_prompt(seed: int, blocks: int, tail: int = 5, prefix: list[int] | None = None) -> list[int]:
+def make_prompt(
+    seed: int, blocks: int, tail: int = 5, prefix: list[int] | None = None
+) -> list[int]:
     """Random token ids: an optional shared prefix, `blocks` full blocks, and a tail."""
     rng = random.Random(seed)
     body = [rng.randrange(10, VOCAB) for _ in range(blocks * BLOCK + tail)]

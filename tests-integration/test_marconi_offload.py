@@ -65,7 +65,7 @@ def test_l2_serves_what_l1_evicted(
     tiny_llama: str, run_engine: Callable[..., EngineRun], baseline: EngineRun, tmp_path: Path
 ) -> None:
     others = [make_prompt(seed=100 + i, blocks=16) for i in range(4)]
-    l1_bytes = 24 * 16384  # 24 slots of 16 KiB: far less than the 5 prompts' 80+ blocks
+    l1_bytes = 24 * 32768  # 24 slots of 32 KiB (2 layers): far less than the 80 blocks below
     spec = {
         "model": tiny_llama,
         "kv_transfer_config": connector_config(

@@ -10,20 +10,82 @@ import argparse
 import random
 from pathlib import Path
 
-WORDS = (
-    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
-    "sigma tau upsilon phi chi psi omega cache block token prefix layer head value key store "
-    "load evict tier disk memory request server model agent system prompt turn reply context "
-    "query answer vector tensor kernel stream queue batch slot page file index chain policy"
-).split()
+SAFE_VOCAB = 700
+"""Token ids below this are valid for every model built here (the BPE has ~750 tokens)."""
+
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "omicron",
+    "pi",
+    "rho",
+    "sigma",
+    "tau",
+    "upsilon",
+    "phi",
+    "chi",
+    "psi",
+    "omega",
+    "cache",
+    "block",
+    "token",
+    "prefix",
+    "layer",
+    "head",
+    "value",
+    "key",
+    "store",
+    "load",
+    "evict",
+    "tier",
+    "disk",
+    "memory",
+    "request",
+    "server",
+    "model",
+    "agent",
+    "system",
+    "prompt",
+    "turn",
+    "reply",
+    "context",
+    "query",
+    "answer",
+    "vector",
+    "tensor",
+    "kernel",
+    "stream",
+    "queue",
+    "batch",
+    "slot",
+    "page",
+    "file",
+    "index",
+    "chain",
+    "policy",
+]
 
 
 def _corpus(lines: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     out = []
     for _ in range(lines):
-        words = [rng.choice(WORDS) + rng.choice(("", "s", "ed", "ing", str(rng.randint(0, 99))))
-                 for _ in range(rng.randint(8, 24))]
+        words = [
+            rng.choice(WORDS) + rng.choice(("", "s", "ed", "ing", str(rng.randint(0, 99))))
+            for _ in range(rng.randint(8, 24))
+        ]
         out.append(" ".join(words))
     return out
 

@@ -6,6 +6,7 @@ anything requested permission and dies with SIGILL. arch_prctl(ARCH_REQ_XCOMP_PE
 XFEATURE_XTILEDATA) grants it. Spawned vLLM workers inherit this file via PYTHONPATH.
 """
 
+import contextlib
 import ctypes
 import platform
 
@@ -14,9 +15,7 @@ _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
 
 if platform.machine() == "x86_64":
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).syscall(
             _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA
         )
-    except (OSError, AttributeError):
-        pass

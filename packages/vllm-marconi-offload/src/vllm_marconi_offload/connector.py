@@ -6,7 +6,6 @@ the WORKER role in each worker; each delegates to `OffloadScheduler` or `Offload
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from kvpool_mmap import TieredStore
@@ -21,14 +20,13 @@ from . import compat
 from .config import OffloadConfig
 from .keys import restart_hash_problem
 from .layout import SlotLayout
+from .log import logger
 from .metadata import OffloadMetadata, StoreCompletions
 from .metrics import OffloadPromMetrics, OffloadStats
 from .pool import build_store_config
 from .scheduler import OffloadScheduler
-from .stats import eviction_line
+from .stats import eviction_line, store_counters
 from .worker import OffloadWorker
-
-logger = logging.getLogger("vllm_marconi_offload")
 
 
 class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
@@ -145,7 +143,9 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
         worker_meta = getattr(connector_output, "kv_connector_worker_meta", None)
         self._scheduler.on_worker_output(connector_output.finished_recving, worker_meta)
 
-    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(
+        self, request: Any, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
         self._scheduler.request_finished(request.request_id)
         return False, None
@@ -164,18 +164,19 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
 
     # -- observability -----------------------------------------------------------------
     def _maybe_log(self) -> None:
-        assert self._scheduler is not None and self._store is not None
+        assert self._scheduler is not None
+        assert self._store is not None
         counters = self._scheduler.counters
         interval = self._config.hit_log_interval
         if counters.requests // interval > self._hit_lines_logged:
             self._hit_lines_logged = counters.requests // interval
             logger.info(counters.hit_line())
-            logger.info(eviction_line(self._store.stats().as_dict()))
+            logger.info(eviction_line(self._store.stats()))
 
     def get_kv_connector_stats(self) -> OffloadStats | None:
         if self._scheduler is None or self._store is None:
             return None
-        now = {**self._scheduler.counters.as_dict(), **self._store.stats().as_dict()}
+        now = {**self._scheduler.counters.as_dict(), **store_counters(self._store.stats())}
         delta = {key: value - self._stats_reported.get(key, 0) for key, value in now.items()}
         self._stats_reported.update(now)
         stats = OffloadStats(data={k: v for k, v in delta.items() if v})

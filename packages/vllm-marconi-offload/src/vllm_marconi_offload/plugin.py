@@ -3,9 +3,7 @@ work without `kv_connector_module_path`. vLLM runs it in every process, possibly
 
 from __future__ import annotations
 
-import logging
-
-logger = logging.getLogger("vllm_marconi_offload")
+from .log import logger
 
 CONNECTOR_NAME = "MarconiOffloadConnector"
 

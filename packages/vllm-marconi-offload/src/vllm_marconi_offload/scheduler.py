@@ -20,12 +20,11 @@ The store's own index decides hits: vLLM's BlockPool is never touched.
 from __future__ import annotations
 
 import itertools
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpool_mmap import TieredStore
+from kvpool_mmap import LoadStatus, LoadTicket, StoreTicket, Tier, TieredStore
 
 from . import compat
 from .keys import chain_keys
@@ -33,16 +32,12 @@ from .layout import SlotLayout
 from .metadata import BlockTransfer, OffloadMetadata, StoreCompletions, TransferJob
 from .stats import HitCounters
 
-logger = logging.getLogger(__name__)
-
 
 @dataclass
 class _Lookup:
     """A request's pinned hit: L1 slots of its first blocks, possibly still promoting."""
 
-    ticket: Any
-    keys: list[bytes]
-    tiers: list[str]
+    ticket: LoadTicket
 
 
 @dataclass
@@ -57,7 +52,7 @@ class _RequestState:
 
 @dataclass
 class _PendingStore:
-    ticket: Any
+    ticket: StoreTicket
     remaining_workers: int
 
 
@@ -87,11 +82,11 @@ class OffloadScheduler:
             if state.lookup is None:
                 self._count_once(state, request, hit_tiers=[])
                 return 0, False
-        status = self._store.poll_load(state.lookup.ticket)
-        if status.pending:
+        ticket = state.lookup.ticket
+        if self._store.poll_load(ticket) is LoadStatus.PENDING:
             return None, False
-        state.hit_blocks = _leading_successes(status, len(state.lookup.keys))
-        self._count_once(state, request, hit_tiers=state.lookup.tiers[: state.hit_blocks])
+        state.hit_blocks = ticket.ready_prefix
+        self._count_once(state, request, hit_tiers=ticket.tiers[: state.hit_blocks])
         external = state.hit_blocks * self._block_size - num_computed_tokens
         if external <= 0:
             return 0, False
@@ -104,20 +99,24 @@ class OffloadScheduler:
         if not hashes:
             return None
         keys = chain_keys(hashes, group_id=0)
-        tiers = self._store.lookup(keys)
-        if not tiers:
+        if not self._store.lookup(keys[:1]):
             return None
-        keys = keys[: len(tiers)]
         ticket = self._store.begin_load(keys)
-        return _Lookup(ticket=ticket, keys=keys, tiers=[str(t) for t in tiers])
+        if not ticket.keys:
+            self._store.end_load(ticket)
+            return None
+        return _Lookup(ticket=ticket)
 
-    def _count_once(self, state: _RequestState, request: Any, hit_tiers: Sequence[str]) -> None:
+    def _count_once(self, state: _RequestState, request: Any, hit_tiers: Sequence[Tier]) -> None:
         if state.counted:
             return
         state.counted = True
-        prompt_blocks = max(request.num_prompt_tokens // self._block_size, 0)
+        l1 = sum(1 for tier in hit_tiers if tier is Tier.L1)
         self.counters.record_request(
-            block_size=self._block_size, prompt_blocks=prompt_blocks, hit_tiers=hit_tiers
+            block_size=self._block_size,
+            prompt_blocks=request.num_prompt_tokens // self._block_size,
+            l1=l1,
+            l2=len(hit_tiers) - l1,
         )
 
     # -- allocation --------------------------------------------------------------------
@@ -130,7 +129,7 @@ class OffloadScheduler:
             return
         end = state.hit_blocks
         start = end - external // self._block_size
-        slots = self._store.load_slots(state.lookup.ticket)
+        slots = state.lookup.ticket.l1_slots
         transfer = BlockTransfer(
             group_id=0,
             gpu_blocks=tuple(block_ids[0][start:end]),
@@ -185,7 +184,7 @@ class OffloadScheduler:
         parents = [keys[i - 1] if i > 0 else None for i in range(start, full)]
         depths = list(range(start, full))
         ticket = self._store.begin_store(new_keys, parents, depths)
-        slots = self._store.store_slots(ticket)
+        slots = ticket.l1_slots
         gpu_blocks = state.block_ids[0]
         pairs = [
             (gpu_blocks[start + i], slot)
@@ -236,9 +235,3 @@ class OffloadScheduler:
 
     def shutdown(self) -> None:
         self._store.close()
-
-
-def _leading_successes(status: Any, total: int) -> int:
-    """Blocks at the front of a finished load whose data reached L1 intact."""
-    failed = sorted(status.failed) if status.failed else []
-    return failed[0] if failed else total

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+
+from kvpool_mmap import StoreStats
 
 
 @dataclass
@@ -20,12 +22,10 @@ class HitCounters:
     loaded_blocks: int = 0
     stored_blocks: int = 0
 
-    def record_request(self, *, block_size: int, prompt_blocks: int, hit_tiers: Sequence[str]) -> None:
-        """Count one request's first lookup: which of its prompt blocks hit, in which tier."""
+    def record_request(self, *, block_size: int, prompt_blocks: int, l1: int, l2: int) -> None:
+        """Count one request's first lookup: `l1` and `l2` blocks of its prompt hit."""
         self.requests += 1
         self.lookup_tokens += prompt_blocks * block_size
-        l1 = sum(1 for tier in hit_tiers if tier == "l1")
-        l2 = len(hit_tiers) - l1
         self.hit_tokens_l1 += l1 * block_size
         self.hit_tokens_l2 += l2 * block_size
         if l1 and l2:
@@ -60,8 +60,25 @@ class HitCounters:
         )
 
 
-def eviction_line(store_stats: Mapping[str, int]) -> str:
-    """The `Marconi eviction: stats=` line from the store's counters."""
-    fields = ("tracked", "l1", "l2", "demotes", "promotes", "hoisted")
-    body = " ".join(f"{name}={store_stats.get(name, 0)}" for name in fields)
-    return f"Marconi eviction: stats={body}"
+def store_counters(stats: StoreStats) -> dict[str, int]:
+    """The store's cumulative counters under the connector's metric names."""
+    return {
+        "evictions_l1": stats.l1_evictions,
+        "evictions_l2": stats.l2_evictions,
+        "demotes": stats.demotions,
+        "promotes": stats.promotions,
+        "checksum_failures": stats.checksum_failures,
+    }
+
+
+def eviction_line(stats: StoreStats) -> str:
+    """The `Marconi eviction: stats=` line.
+
+    tracked = blocks the eviction policies track over both tiers (a block held in L1 and
+    written through to L2 counts in each); hoisted = blocks chosen as L1 victims.
+    """
+    return (
+        f"Marconi eviction: stats=tracked={stats.l1_used + stats.l2_used} "
+        f"l1={stats.l1_used} l2={stats.l2_used} demotes={stats.demotions} "
+        f"promotes={stats.promotions} hoisted={stats.l1_evictions}"
+    )

@@ -8,7 +8,6 @@ block is never reused while its copy is still reading it.
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Mapping
 
@@ -17,9 +16,8 @@ from kvpool_mmap import StoreConfig, open_l1_rank
 
 from .block_copy import BlockCopier
 from .layout import SlotLayout
+from .log import logger
 from .metadata import OffloadMetadata, StoreCompletions, TransferJob
-
-logger = logging.getLogger(__name__)
 
 
 class OffloadWorker:
@@ -65,7 +63,8 @@ class OffloadWorker:
             torch.cuda.current_stream().synchronize()
 
     def _run(self, job: TransferJob, *, load: bool) -> None:
-        assert self._copier is not None and self._pool is not None, "register_kv_caches first"
+        assert self._copier is not None, "register_kv_caches first"
+        assert self._pool is not None, "register_kv_caches first"
         for transfer in job.transfers:
             if load:
                 self._copier.from_slots(

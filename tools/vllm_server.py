@@ -1,0 +1,124 @@
+"""Start, query and stop a real vLLM OpenAI server on 127.0.0.1 (used by the demo and tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class VllmServer:
+    """One `python -m vllm.entrypoints.openai.api_server` process."""
+
+    model: str
+    log_path: Path
+    kv_transfer_config: dict[str, Any] | None = None
+    kv_cache_memory_bytes: int = 16 << 20
+    port: int = field(default_factory=free_port)
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 300) -> VllmServer:
+        cmd = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model, "--host", "127.0.0.1", "--port", str(self.port),
+            "--dtype", "bfloat16", "--enforce-eager", "--block-size", "32",
+            "--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes),
+            "--max-model-len", "4096", "--enable-prefix-caching", "--max-num-seqs", "8",
+        ]  # fmt: skip
+        if self.kv_transfer_config:
+            cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
+        env = {**os.environ, **self.env}
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM server exited early; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                time.sleep(1)
+        self.stop()
+        raise TimeoutError(f"vLLM server not healthy after {timeout}s; see {self.log_path}")
+
+    def stop(self, timeout: float = 60) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def complete(self, prompt: list[int], max_tokens: int = 8) -> tuple[list[int], float]:
+        """Greedy completion of token ids; returns (token ids, time to first token in s)."""
+        body = {
+            "model": self.model, "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": 0.0, "ignore_eos": True, "stream": True,
+            "return_token_ids": True,
+        }  # fmt: skip
+        request = urllib.request.Request(
+            self.url + "/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        start = time.perf_counter()
+        ttft = None
+        tokens: list[int] = []
+        with urllib.request.urlopen(request, timeout=300) as response:
+            for raw in response:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                if ttft is None:
+                    ttft = time.perf_counter() - start
+                choice = json.loads(line[6:])["choices"][0]
+                tokens += choice.get("token_ids") or []
+        return tokens, ttft if ttft is not None else time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus samples as {'name{labels}': value}."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+        samples: dict[str, float] = {}
+        for line in text.splitlines():
+            match = re.match(r"^([a-zA-Z_:][\w:]*(?:\{[^}]*\})?)\s+([-+\deE.naif]+)$", line)
+            if match:
+                samples[match.group(1)] = float(match.group(2))
+        return samples
+
+
+def metric_sum(samples: dict[str, float], name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include `labels`."""
+    total = 0.0
+    for key, value in samples.items():
+        base, _, rest = key.partition("{")
+        if base != name:
+            continue
+        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            total += value
+    return total
