@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 import threading
+import types
 import warnings
+from pathlib import Path
 
 import pytest
 import vllm_kv_astpatch
@@ -254,3 +257,24 @@ def test_hits_not_supported_when_skipped(
 )
 def test_parse_version(text: str | None, parsed: tuple[int, int, int] | None) -> None:
     assert parse_version(text) == parsed
+
+
+def test_reentrant_apply_during_the_import_does_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module whose import calls apply() on the very patch that is importing it."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = "astpatch_reentrant_scheduler"
+    (tmp_path / f"{name}.py").write_text(
+        "import astpatch_reentry\n_INNER = astpatch_reentry.patch.apply()\n" + SCHEDULER_0_22
+    )
+    holder = types.ModuleType("astpatch_reentry")
+    holder.patch = HybridPatch(name, version_of=lambda: "0.22.1")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "astpatch_reentry", holder)
+    try:
+        report = holder.patch.apply()  # type: ignore[attr-defined]
+        inner = sys.modules[name]._INNER
+    finally:
+        sys.modules.pop(name, None)
+    assert report.status == "applied"
+    assert (inner.status, inner.reason) == ("not-applied", "apply() is already running")

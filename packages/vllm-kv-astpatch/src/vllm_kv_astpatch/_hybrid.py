@@ -104,7 +104,8 @@ class HybridPatch:
         self.schedule = FunctionTarget(module, SCHEDULE_QUALNAME)
         self._version_of = version_of
         self._supported = supported
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._busy = False
         self._report = PatchReport(str(self.split), None, NOT_APPLIED, "apply() was not called")
         self._installed: tuple[Prepared, ...] = ()
 
@@ -122,16 +123,21 @@ class HybridPatch:
         """Apply once; later calls change nothing and report ``changed=False``. Never raises."""
         with self._lock:
             previous = self._report
+            if self._busy:  # re-entered from the import of vLLM that apply() started
+                return replace(previous, changed=False, reason="apply() is already running")
             if previous.status == APPLIED and all(
                 _mechanism.is_patched(p.function) for p in self._installed
             ):
                 return replace(previous, changed=False, reason="already applied; nothing changed")
             if previous.status in _FINAL:
                 return replace(previous, changed=False)
+            self._busy = True
             try:
                 report = self._apply(disabled=is_disabled())
             except Exception as exc:  # a bug here must never take vLLM down
                 report = self._skip("internal-error", f"{type(exc).__name__}: {exc}", None)
+            finally:
+                self._busy = False
             return self._finish(report, warn=report.status != SKIPPED + "disabled")
 
     def revert(self) -> bool:
