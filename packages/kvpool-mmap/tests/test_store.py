@@ -383,3 +383,23 @@ def test_clear_drops_everything_unpinned(make_config: MakeConfig, store_factory:
     check_invariants(s)
     s.close()
     assert len(store_factory(cfg)) == 0  # nothing comes back after a restart
+
+
+def test_check_l2_reports_without_fixing(make_config: MakeConfig) -> None:
+    from kvpool_mmap import LayoutMismatchError, check_l2
+
+    cfg = make_config(l1_slots=2, l2_slots=8)
+    s = TieredStore(cfg)
+    put_chain(s, [0, 1])
+    s.close()
+    with open(cfg.l2_file(0), "r+b") as fh:  # flip a byte in the first payload
+        fh.seek(2 * 4096 + 5)
+        b = fh.read(1)
+        fh.seek(2 * 4096 + 5)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    assert check_l2(cfg).bad_payloads == 1
+    assert check_l2(cfg).bad_payloads == 1  # fix=False changed nothing
+    assert check_l2(cfg, fix=True).bad_payloads == 1
+    assert check_l2(cfg).bad_payloads == 0
+    with pytest.raises(LayoutMismatchError, match="fingerprint"):
+        check_l2(make_config(l1_slots=2, l2_slots=8, fingerprint=b"other"))

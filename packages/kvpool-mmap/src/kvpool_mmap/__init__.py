@@ -20,7 +20,7 @@ from ._errors import (
     PoolInUseError,
 )
 from ._l1 import L1RankFile, open_l1_rank
-from ._recovery import RecoveryReport
+from ._recovery import RecoveryReport, check_l2
 from ._store import TieredStore
 from ._types import LoadStatus, LoadTicket, StoreStats, StoreTicket, Tier
 from ._version import __version__
@@ -46,5 +46,6 @@ __all__ = [
     "TierConfig",
     "TieredStore",
     "__version__",
+    "check_l2",
     "open_l1_rank",
 ]

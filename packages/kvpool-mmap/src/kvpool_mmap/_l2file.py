@@ -38,7 +38,7 @@ log = logging.getLogger("kvpool_mmap")
 class L2RankFile:
     """One rank's L2 file, opened (and wiped if written under another layout)."""
 
-    def __init__(self, config: StoreConfig, rank: int) -> None:
+    def __init__(self, config: StoreConfig, rank: int, wipe: bool = True) -> None:
         assert config.l2 is not None
         prepare_dir(config.l2.path, "l2.path")
         self.rank = rank
@@ -62,14 +62,14 @@ class L2RankFile:
                     f"{self.path} is in use by another process (same engine_id "
                     f"{config.engine_id!r} and l2.path); give each engine its own engine_id",
                 ) from None
-            self._open_or_wipe()
+            self._open_or_wipe(wipe)
             self._dfd = self._open_direct(config)
         except BaseException:
             self._close_fds()
             raise
         self.direct = self._dfd != self._fd
 
-    def _open_or_wipe(self) -> None:
+    def _open_or_wipe(self, wipe: bool) -> None:
         st = os.fstat(self._fd)
         reason = ""
         if st.st_size == 0:
@@ -85,6 +85,9 @@ class L2RankFile:
                 reason = f"file is {st.st_size} bytes, expected {self.size}"
         if not reason:
             return
+        if not wipe:
+            what = "is empty: no pool was written here" if reason == "new" else reason
+            raise LayoutMismatchError(f"L2 file {self.path} {what}")
         if reason != "new":
             log.warning(
                 "L2 file %s was written under another layout (%s); wiping it", self.path, reason

@@ -22,6 +22,8 @@ import logging
 from dataclasses import dataclass, field
 
 from ._codec import HeaderState, decode_header, live_header_indices, payload_checksum
+from ._config import StoreConfig
+from ._errors import ConfigError
 from ._l2file import L2RankFile
 
 log = logging.getLogger("kvpool_mmap")
@@ -56,9 +58,20 @@ class RecoveryReport:
     max_generation: int = 0
 
 
-def recover(files: list[L2RankFile], stride: int, verify: bool = False) -> RecoveryReport:
-    """Scan the header tables; invalidate what cannot be used; return the usable blocks."""
+def recover(
+    files: list[L2RankFile], stride: int, verify: bool = False, fix: bool = True
+) -> RecoveryReport:
+    """Scan the header tables; invalidate what cannot be used (if fix); return the usable blocks."""
     report = RecoveryReport(wiped_files=sum(f.wiped for f in files))
+
+    def invalidate_one(f: L2RankFile, slot: int) -> None:
+        if fix:
+            f.invalidate(slot)
+
+    def invalidate_all(slot: int) -> None:
+        if fix:
+            _invalidate(files, slot)
+
     per_rank: list[dict[int, tuple[bytes, int, int, int]]] = []
     for f in files:
         table = f.read_header_table()
@@ -67,12 +80,12 @@ def recover(files: list[L2RankFile], stride: int, verify: bool = False) -> Recov
             state, hdr = decode_header(table[slot].tobytes())
             if state is HeaderState.CORRUPT or hdr is None:
                 report.corrupt_headers += 1
-                f.invalidate(slot)
+                invalidate_one(f, slot)
                 continue
             report.max_generation = max(report.max_generation, hdr.generation)
             if hdr.length != stride:
                 report.corrupt_headers += 1
-                f.invalidate(slot)
+                invalidate_one(f, slot)
                 continue
             found[slot] = (hdr.key, hdr.generation, hdr.depth, hdr.checksum)
         per_rank.append(found)
@@ -87,14 +100,14 @@ def recover(files: list[L2RankFile], stride: int, verify: bool = False) -> Recov
             checksums.append(other[3])
         if len(checksums) != len(files):
             report.incomplete += 1
-            _invalidate(files, slot)
+            invalidate_all(slot)
             continue
         block = RecoveredBlock(slot, key, gen, depth, checksums)
         old = newest.get(key)
         if old is not None:
             report.duplicates += 1
             loser = old if old.generation < gen else block
-            _invalidate(files, loser.slot)
+            invalidate_all(loser.slot)
             if loser is block:
                 continue
         newest[key] = block
@@ -102,7 +115,7 @@ def recover(files: list[L2RankFile], stride: int, verify: bool = False) -> Recov
     for found in per_rank[1:]:
         for slot in found.keys() - per_rank[0].keys():
             report.incomplete += 1
-            _invalidate(files, slot)
+            invalidate_all(slot)
 
     blocks = sorted(newest.values(), key=lambda b: b.generation)
     if verify:
@@ -116,7 +129,7 @@ def recover(files: list[L2RankFile], stride: int, verify: bool = False) -> Recov
             else:
                 report.bad_payloads += 1
                 log.warning("L2 slot %d (key %s) failed its checksum on open", b.slot, b.key.hex())
-                _invalidate(files, b.slot)
+                invalidate_all(b.slot)
         blocks = good
     report.blocks = blocks
     return report
@@ -125,3 +138,19 @@ def recover(files: list[L2RankFile], stride: int, verify: bool = False) -> Recov
 def _invalidate(files: list[L2RankFile], slot: int) -> None:
     for f in files:
         f.invalidate(slot)
+
+
+def check_l2(config: StoreConfig, fix: bool = False) -> RecoveryReport:
+    """Offline check of an engine's L2 files: every header and every payload checksum.
+
+    Never wipes; a file of another layout raises LayoutMismatchError. With fix=True,
+    unusable slots are invalidated. Takes the files' lock: not while the engine runs.
+    """
+    if config.l2 is None:
+        raise ConfigError("check_l2 needs l2 to be configured")
+    files = [L2RankFile(config, r, wipe=False) for r in range(config.tp_size)]
+    try:
+        return recover(files, config.stride, verify=True, fix=fix)
+    finally:
+        for f in files:
+            f.close()
