@@ -403,3 +403,25 @@ def test_check_l2_reports_without_fixing(make_config: MakeConfig) -> None:
     assert check_l2(cfg).bad_payloads == 0
     with pytest.raises(LayoutMismatchError, match="fingerprint"):
         check_l2(make_config(l1_slots=2, l2_slots=8, fingerprint=b"other"))
+
+
+def test_load_during_demotion_reads_the_right_bytes(
+    make_config: MakeConfig, store_factory: Factory
+) -> None:
+    """Hazard H7: a block demoted and loaded in the same step must never be read from an
+    L2 slot whose write has not completed. Here the load is served from the L1 copy,
+    which stays pinned until end_load even though its demotion finishes meanwhile."""
+    s = store_factory(make_config(l1_slots=2, l2_slots=8, write_through=False, io_threads=1))
+    put_chain(s, [0, 1])
+    t = s.begin_store([key(5), key(6)])  # evicts 0 and 1: demotions start, no slot yet
+    assert t.l1_slots == [None, None]
+    load = s.begin_load([key(0), key(1)])  # right away, same "step"
+    assert load.tiers == [Tier.L1, Tier.L1]
+    settle(s)  # demotions land; the pinned L1 copies must survive
+    for i, slot in zip((0, 1), load.l1_slots, strict=True):
+        np.testing.assert_array_equal(s.l1_files[0].array[slot], block(i)[0])
+    s.end_load(load)  # now the slots free up
+    check_invariants(s)
+    assert s.lookup([key(0), key(1)]) == [Tier.L2, Tier.L2]
+    assert_blocks(s, [0, 1])  # and the promoted copies are right too
+    check_invariants(s)
