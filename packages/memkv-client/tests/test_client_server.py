@@ -170,6 +170,23 @@ def test_many_concurrent_clients(server: ServerProcess) -> None:
     assert not errors, errors[0]
 
 
+def test_put_validates_buffers(client: Client) -> None:
+    with pytest.raises(LocalProtocolError, match="not C-contiguous"):
+        client.put("nc/a", np.zeros((4, 4), dtype=np.uint8)[:, 1])
+    with pytest.raises(LocalProtocolError, match="pass a buffer"):
+        client.put("nc/a", "text is not a buffer")  # type: ignore[arg-type]
+    client.put("nc/a", np.arange(6, dtype=np.uint16).reshape(2, 3))
+    assert client.get("nc/a") == np.arange(6, dtype=np.uint16).tobytes()
+
+
+def test_regions_are_accepted_over_tcp(client: Client) -> None:
+    buf = (ctypes.c_char * 64)()
+    client.register_region(ctypes.addressof(buf), 64)  # a no-op without RDMA
+    (r,) = client.batch_put_views([("rg/a", ctypes.addressof(buf), 64)])
+    assert r.ok
+    client.deregister_region(ctypes.addressof(buf))
+
+
 def test_stats_report_lanes(client: Client) -> None:
     client.put("lane-a/x", b"1" * 100)
     st = client.stats()

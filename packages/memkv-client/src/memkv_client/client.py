@@ -315,10 +315,15 @@ class Client:
 
     def put(self, key: bytes | str, data: BufferOrAddress) -> None:
         """Store one value; raises on failure."""
-        view = memoryview(data).cast("B") if not isinstance(data, int) else None
-        if view is None:
+        if isinstance(data, int):
             raise LocalProtocolError("put() takes a buffer; use batch_put_views for addresses")
-        (r,) = self.batch_put_views([(key, view, view.nbytes)])
+        try:
+            nbytes = memoryview(data).nbytes
+        except TypeError:
+            raise LocalProtocolError(
+                f"invalid value of type {type(data).__name__!r}: pass a buffer"
+            ) from None
+        (r,) = self.batch_put_views([(key, data, nbytes)])
         self._raise_for(r)
 
     def get(self, key: bytes | str) -> bytes | None:
