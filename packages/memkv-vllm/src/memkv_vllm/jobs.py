@@ -47,6 +47,7 @@ class JobRunner:
         self._backlog = 0
         self._done: deque[Finished] = deque()
         self._futures: set[Future[None]] = set()
+        self._by_job: dict[int, Future[None]] = {}
 
     def submit_load(self, job_id: int, fn: Callable[[], JobOutcome]) -> None:
         self._submit(self._reads, job_id, True, 0, fn)
@@ -87,11 +88,21 @@ class JobRunner:
         future = pool.submit(run)
         with self._lock:
             self._futures.add(future)
-        future.add_done_callback(self._forget)
+            self._by_job[job_id] = future
+        future.add_done_callback(lambda f: self._forget(job_id, f))
 
-    def _forget(self, future: Future[None]) -> None:
+    def _forget(self, job_id: int, future: Future[None]) -> None:
         with self._lock:
             self._futures.discard(future)
+            if self._by_job.get(job_id) is future:
+                del self._by_job[job_id]
+
+    def wait_jobs(self, job_ids: Collection[int], timeout: float | None = None) -> bool:
+        """Block until the named jobs have finished; False if the timeout ran out first."""
+        with self._lock:
+            futures = [self._by_job[j] for j in job_ids if j in self._by_job]
+        _, not_done = wait(futures, timeout=timeout)
+        return not not_done
 
     def finished(self) -> list[Finished]:
         out: list[Finished] = []

@@ -105,6 +105,20 @@ class BatchedLookup:
                 self._known[n] = (present, expires)
                 self._queued.pop(n, None)
 
+    def peek_all(self, names: Iterable[bytes]) -> Answer:
+        """Like :meth:`query_all` from the cache only: queues nothing."""
+        now = self._clock()
+        with self._lock:
+            known = [self._known.get(n) for n in names]
+        if any(k is None or k[1] <= now for k in known):
+            return Answer.PENDING
+        return Answer.HIT if all(k is not None and k[0] for k in known) else Answer.MISS
+
+    def forget(self) -> None:
+        """Drop every cached answer (vLLM's ``reset_cache``)."""
+        with self._lock:
+            self._known.clear()
+
     def pending(self) -> bool:
         with self._lock:
             return bool(self._queued) or self._round is not None

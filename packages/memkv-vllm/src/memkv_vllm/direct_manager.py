@@ -1,0 +1,141 @@
+"""Scheduler side of direct mode: adopts the workers' key prefix, answers lookups.
+
+A block counts as present only if every TP rank's value is (one batched ``exists`` round
+per scheduler step for all of them). Stores are not trusted until MemKV says so: a
+worker that could not store reports success anyway (vLLM cannot take store failures),
+so the lookup cache is never told 'present' by ``complete_store``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection, Iterable
+from typing import Any
+
+from . import _compat as c
+from ._client import connect
+from .lookup import Answer, BatchedLookup
+from .metrics import LOOKUP_ROUNDS, LOOKUPS, TierMetrics
+from .naming import direct_key, publish_key
+
+__all__ = ["MemKVDirectManager", "adopt_prefix"]
+
+log = logging.getLogger("memkv_vllm")
+_RESULT = {
+    Answer.HIT: c.LookupResult.HIT,
+    Answer.MISS: c.LookupResult.MISS,
+    Answer.PENDING: c.LookupResult.RETRY,
+}
+
+
+def adopt_prefix(client: Any, engine_id: str, world_size: int, timeout: float) -> bytes:
+    """Read every worker's published key prefix; fail unless all ranks agree."""
+    deadline = time.monotonic() + timeout
+    found: dict[int, bytes] = {}
+    while True:
+        for rank in range(world_size):
+            if rank not in found:
+                value = client.get(publish_key(engine_id, rank))
+                if value is not None:
+                    found[rank] = value
+        if len(found) == world_size or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    missing = [r for r in range(world_size) if r not in found]
+    if missing:
+        raise RuntimeError(
+            f"memkv-vllm: worker rank(s) {missing} published no key prefix under "
+            f"{publish_key(engine_id, missing[0])!r} within {timeout:g}s "
+            "(memkv_publish_timeout_s); check that every node reaches the same MemKV servers"
+        )
+    if len(set(found.values())) != 1:
+        table = ", ".join(f"rank {r}: {v.hex()}" for r, v in sorted(found.items()))
+        raise RuntimeError(
+            "memkv-vllm: worker ranks key KV blocks differently (model, weights, dtype or "
+            f"KV layout differ between ranks): {table}"
+        )
+    for rank in range(world_size):
+        try:
+            client.delete(publish_key(engine_id, rank))
+        except Exception as exc:  # the record is small and harmless
+            log.debug("memkv-vllm: could not delete the prefix record: %s", exc)
+    return found[0]
+
+
+class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
+    def __init__(self, spec: Any) -> None:
+        cfg = spec.cfg
+        self._client = connect(True, "direct scheduler")
+        self._ranks = range(spec.config.parallel.world_size)
+        self.prefix = adopt_prefix(
+            self._client, spec.config.engine_id, len(self._ranks), cfg.memkv_publish_timeout_s
+        )
+        self._lookup = BatchedLookup(
+            self._client.exists,
+            hit_ttl=cfg.memkv_lookup_hit_ttl,
+            miss_ttl=cfg.memkv_lookup_miss_ttl,
+            timeout=cfg.memkv_lookup_timeout_s,
+        )
+        self._metrics = TierMetrics()
+        self._rounds_reported = 0
+        log.info("memkv-vllm: direct offload, key prefix %s", self.prefix.hex())
+
+    def _names(self, key: bytes) -> list[bytes]:
+        return [direct_key(self.prefix, r, key) for r in self._ranks]
+
+    def lookup(self, key: Any, req_context: Any) -> Any:
+        answer = self._lookup.query_all(self._names(key))
+        self._metrics.inc(LOOKUPS, 1, (answer.value,))
+        return _RESULT[answer]
+
+    def prepare_load(self, keys: Collection[Any], req_context: Any) -> Any:
+        from .spec import MemKVLoadStoreSpec
+
+        return MemKVLoadStoreSpec(list(keys))
+
+    def touch(self, keys: Collection[Any], req_context: Any) -> None:
+        return None
+
+    def complete_load(self, keys: Collection[Any], req_context: Any) -> None:
+        return None
+
+    def prepare_store(self, keys: Collection[Any], req_context: Any) -> Any:
+        from .spec import MemKVLoadStoreSpec
+
+        todo = [k for k in keys if self._lookup.peek_all(self._names(k)) is not Answer.HIT]
+        return c.PrepareStoreOutput(
+            keys_to_store=todo, store_spec=MemKVLoadStoreSpec(todo), evicted_keys=[]
+        )
+
+    def complete_store(self, keys: Collection[Any], req_context: Any, success: bool = True) -> None:
+        return None
+
+    def on_new_request(self, req_context: Any) -> Any:
+        return c.RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: Any) -> None:
+        return None
+
+    def take_events(self) -> Iterable[Any]:
+        return ()
+
+    def on_schedule_end(self, context: Any) -> None:
+        self._lookup.flush()
+
+    def has_pending_work(self) -> bool:
+        self._lookup.flush()
+        return self._lookup.pending()
+
+    def reset_cache(self) -> None:
+        self._lookup.forget()
+
+    def get_stats(self) -> Any:
+        rounds = self._lookup.rounds
+        self._metrics.inc(LOOKUP_ROUNDS, rounds - self._rounds_reported)
+        self._rounds_reported = rounds
+        return self._metrics.take()
+
+    def shutdown(self) -> None:
+        self._lookup.close()
+        self._client.close()

@@ -1,0 +1,214 @@
+"""Worker side of direct mode: live KV blocks <-> MemKV through per-thread scratch slots.
+
+One value per (block, rank): the block's pages of every layer of its KV cache group,
+gathered into one scratch slot (so the value length is that group's per-block size; the
+slot is sized for the widest group). At startup the worker derives its key prefix from
+the model, weights fingerprint, dtype, TP size, block size and KV layout, and publishes it
+for the scheduler to adopt.
+
+vLLM (<= 0.32 at least) asserts that every transfer succeeded. A store that MemKV refused
+is therefore reported as done (the scheduler never trusts stores: lookups ask MemKV); a
+failed load is reported as failed, which vLLM turns into an engine error rather than
+silently using wrong KV.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from . import _compat as c
+from ._client import connect
+from .jobs import JobOutcome, JobRunner
+from .naming import direct_key, direct_prefix, publish_key
+from .weights import weights_fingerprint
+
+__all__ = ["MemKVDirectWorker", "choose_scratch_medium"]
+
+log = logging.getLogger("memkv_vllm")
+MAX_BLOCKS_PER_OP = 64
+
+
+def _chunks(n: int, size: int) -> Iterable[range]:
+    for start in range(0, n, size):
+        yield range(start, min(n, start + size))
+
+
+def choose_scratch_medium(setting: str, device: Any, has_rdma: bool) -> str:
+    """``host`` or ``gpu`` for ``memkv_scratch_medium`` = auto|host|gpu on this rank."""
+    if device.type != "cuda":
+        if setting == "gpu":
+            log.warning("memkv-vllm: memkv_scratch_medium=gpu needs a CUDA device; using host")
+        return "host"
+    if setting == "auto":
+        from memkv_client import rdma_affinity
+
+        ranked = rdma_affinity(device.index or 0)
+        setting = "gpu" if has_rdma and ranked and ranked[0][1] == "PIX" else "host"
+    if setting == "gpu":
+        # memkv-client moves host memory only (no device-memory registration yet)
+        log.warning(
+            "memkv-vllm: GPU scratch is not available with this memkv-client (host memory "
+            "only); staging through host memory"
+        )
+        return "host"
+    return setting
+
+
+class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
+    def __init__(self, spec: Any, kv_caches: Any) -> None:
+        import torch
+
+        cfg = spec.cfg
+        config = spec.config
+        self.rank = int(config.parallel.rank)
+        self._cfg = cfg
+        self._client = connect(False, f"direct worker rank {self.rank}")
+        self._tensors: list[Any] = []
+        for t in kv_caches.tensors:
+            tensor = t.tensor if t.tensor.dim() == 2 else t.tensor.reshape(t.tensor.shape[0], -1)
+            if tensor.untyped_storage().data_ptr() != t.tensor.untyped_storage().data_ptr():
+                raise RuntimeError("memkv-vllm: a KV cache tensor is not addressable per block")
+            self._tensors.append(tensor.view(torch.int8))
+        self._groups = [
+            [(int(r.tensor_idx), int(r.page_size_bytes)) for r in refs]
+            for refs in kv_caches.group_data_refs
+        ]
+        self._value_bytes = [sum(ps for _, ps in g) for g in self._groups]
+        self._slot = max(self._value_bytes)
+        budget = cfg.memkv_scratch_mb_per_thread << 20
+        self._blocks_per_op = max(1, min(MAX_BLOCKS_PER_OP, budget // self._slot))
+        self.medium = choose_scratch_medium(
+            cfg.memkv_scratch_medium, self._tensors[0].device, self._client.has_rdma()
+        )
+        if not self._client.has_rdma():
+            log.warning(
+                "memkv-vllm: no RDMA on this host; direct offload moves KV over TCP from "
+                "host scratch (works, but slower than GPUDirect RDMA)"
+            )
+        ident = {
+            "model": config.model.name,
+            "dtype": str(config.model.dtype),
+            "tp_size": int(config.parallel.tp_size),
+            "world_size": int(config.parallel.world_size),
+            "tokens_per_block": list(spec.tokens_per_block),
+            "layout": [[list(t.tensor.shape[1:]), int(t.page_size_bytes)] for t in kv_caches.tensors],
+            "groups": self._groups,
+            "kv_cache_layout": str(getattr(config, "kv_cache_layout", None)),
+        }
+        self.prefix = direct_prefix(ident, weights_fingerprint(config.model.name), cfg.memkv_spec_prefix)
+        self._client.put(publish_key(config.engine_id, self.rank), self.prefix)
+        n = cfg.memkv_num_threads
+        self._jobs = JobRunner(n, n, max_backlog_bytes=1 << 62)
+        self._local = threading.local()
+        log.info(
+            "memkv-vllm: direct worker rank %d: %d-byte values, %d blocks per call, %s scratch",
+            self.rank, self._slot, self._blocks_per_op, self.medium,
+        )  # fmt: skip
+
+    # --- data path (transfer threads) ---------------------------------------------------
+
+    def _scratch(self) -> Any:
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            import torch
+
+            scratch = torch.empty((self._blocks_per_op, self._slot), dtype=torch.int8)
+            self._local.scratch = (scratch, scratch.numpy())
+            scratch = self._local.scratch
+        return scratch
+
+    def _plan(self, keys: list[bytes], block_ids: Any) -> list[tuple[bytes, int, int]]:
+        ids = [int(b) for b in block_ids]
+        if len(ids) != len(keys):
+            raise RuntimeError(f"{len(keys)} keys for {len(ids)} GPU blocks")
+        plan = []
+        for key, block in zip(keys, ids, strict=True):
+            group = int.from_bytes(key[-4:], "big")
+            plan.append((direct_key(self.prefix, self.rank, key), group, block))
+        return plan
+
+    def _store(self, keys: list[bytes], block_ids: Any) -> JobOutcome:
+        plan = self._plan(keys, block_ids)
+        scratch, raw = self._scratch()
+        sent = failed = 0
+        for part in _chunks(len(plan), self._blocks_per_op):
+            items = []
+            for slot, i in enumerate(part):
+                name, group, block = plan[i]
+                offset = 0
+                for tidx, size in self._groups[group]:
+                    scratch[slot, offset : offset + size].copy_(self._tensors[tidx][block, :size])
+                    offset += size
+                items.append((name, raw[slot], offset))
+            for (_, _, n), result in zip(items, self._client.batch_put_views(items), strict=True):
+                if result.ok:
+                    sent += n
+                else:
+                    failed += 1
+        if failed:
+            log.warning("memkv-vllm: %d of %d blocks were not stored", failed, len(plan))
+        return JobOutcome(success=not failed, nbytes=sent)
+
+    def _load(self, keys: list[bytes], block_ids: Any) -> JobOutcome:
+        plan = self._plan(keys, block_ids)
+        scratch, raw = self._scratch()
+        got = 0
+        missing: list[bytes] = []
+        for part in _chunks(len(plan), self._blocks_per_op):
+            items = [
+                (plan[i][0], raw[slot], self._value_bytes[plan[i][1]])
+                for slot, i in enumerate(part)
+            ]
+            results = self._client.batch_get_into(items)
+            for slot, i in enumerate(part):
+                name, group, block = plan[i]
+                if not results[slot].ok:
+                    missing.append(name)
+                    continue
+                offset = 0
+                for tidx, size in self._groups[group]:
+                    self._tensors[tidx][block, :size].copy_(scratch[slot, offset : offset + size])
+                    offset += size
+                got += offset
+        if missing:
+            log.error(
+                "memkv-vllm: %d of %d blocks vanished from MemKV between lookup and load "
+                "(first: %s)", len(missing), len(plan), missing[0].hex(),
+            )  # fmt: skip
+        return JobOutcome(success=not missing, nbytes=got)
+
+    # --- vLLM's OffloadingWorker --------------------------------------------------------
+
+    def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+        keys, blocks = list(dst_spec.keys), src_spec.block_ids
+        return self._jobs.submit_store(job_id, 0, lambda: self._store(keys, blocks))
+
+    def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, **_: Any) -> bool:
+        keys, blocks = list(src_spec.keys), dst_spec.block_ids
+        self._jobs.submit_load(job_id, lambda: self._load(keys, blocks))
+        return True
+
+    def get_finished(self) -> list[Any]:
+        out = []
+        for done in self._jobs.finished():
+            if "error" in done.extra:
+                log.error("memkv-vllm: transfer job %d raised %s", done.job_id, done.extra["error"])
+            # stores always "succeed" for vLLM (see the module docstring)
+            success = done.outcome.success or not done.is_load
+            out.append(c.make_transfer_result(done.job_id, success, done.outcome.nbytes, done.seconds))
+        return out
+
+    def wait(self, job_ids: set[int]) -> None:
+        if not self._jobs.wait_jobs(job_ids, self._cfg.memkv_wait_timeout_s):
+            log.error(
+                "memkv-vllm: transfers %s still running after %gs (memkv_wait_timeout_s)",
+                sorted(job_ids), self._cfg.memkv_wait_timeout_s,
+            )  # fmt: skip
+
+    def shutdown(self) -> None:
+        self._jobs.drain(timeout=30)
+        self._jobs.shutdown()
+        self._client.close()

@@ -1,0 +1,71 @@
+"""``MemKVOffloadingSpec``: MemKV as vLLM's direct offload medium (no CPU pool in front).
+
+``"spec_name": "MemKVOffloadingSpec", "spec_module_path": "memkv_vllm.spec"``. The
+scheduler side is :class:`~.direct_manager.MemKVDirectManager`, the worker side
+:class:`~.direct_worker.MemKVDirectWorker`; settings are the ``memkv_*`` keys of
+``kv_connector_extra_config`` (:class:`~.config.DirectConfig`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _compat as c
+from .config import ConfigError, DirectConfig
+from .metrics import metric_definitions
+
+__all__ = ["MemKVLoadStoreSpec", "MemKVOffloadingSpec"]
+
+
+class MemKVLoadStoreSpec(c.LoadStoreSpec):  # type: ignore[misc]
+    """The OffloadKeys of a transfer, in the order of the GPU blocks they pair with."""
+
+    def __init__(self, keys: list[bytes]) -> None:
+        self.keys = keys
+
+    def __repr__(self) -> str:
+        return f"MemKVLoadStoreSpec({len(self.keys)} keys)"
+
+
+class MemKVOffloadingSpec(c.OffloadingSpec):  # type: ignore[misc]
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
+        return metric_definitions()
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.cfg = DirectConfig.from_extra_config(self.extra_config)
+        parallel = config.parallel
+        if parallel.pp_size != 1:
+            raise RuntimeError(
+                "memkv-vllm: MemKVOffloadingSpec supports tensor parallelism only; "
+                f"pipeline_parallel_size={parallel.pp_size} is not supported (use 1)"
+            )
+        if getattr(parallel, "pcp_size", 1) != 1:
+            raise RuntimeError(
+                "memkv-vllm: MemKVOffloadingSpec supports tensor parallelism only; "
+                f"prefill_context_parallel_size={parallel.pcp_size} is not supported (use 1)"
+            )
+        if self.blocks_per_chunk != 1:
+            raise ConfigError(
+                "kv_connector_extra_config", "block_size",
+                f"MemKVOffloadingSpec offloads GPU blocks as they are, but block_size / "
+                f"blocks_per_chunk makes chunks of {self.blocks_per_chunk} GPU blocks; "
+                "remove block_size and blocks_per_chunk",
+            )  # fmt: skip
+        self._manager: Any = None
+        self._worker: Any = None
+
+    def get_manager(self) -> Any:
+        if self._manager is None:
+            from .direct_manager import MemKVDirectManager
+
+            self._manager = MemKVDirectManager(self)
+        return self._manager
+
+    def get_worker(self, kv_caches: Any) -> Any:
+        if self._worker is None:
+            from .direct_worker import MemKVDirectWorker
+
+            self._worker = MemKVDirectWorker(self, kv_caches)
+        return self._worker
