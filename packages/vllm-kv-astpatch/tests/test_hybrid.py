@@ -278,3 +278,12 @@ def test_reentrant_apply_during_the_import_does_nothing(
         sys.modules.pop(name, None)
     assert report.status == "applied"
     assert (inner.status, inner.reason) == ("not-applied", "apply() is already running")
+
+
+@pytest.mark.parametrize(
+    ("value", "disabled"),
+    [("", False), ("0", False), ("false", False), ("No", False), (" off ", False), ("1", True)],
+)
+def test_is_disabled_values(value: str, disabled: bool) -> None:
+    assert _hybrid.is_disabled({"VLLM_KV_ASTPATCH_DISABLE": value}) is disabled
+    assert _hybrid.is_disabled({}) is False
