@@ -247,3 +247,41 @@ def test_real_device_loopback(tmp_path: Path) -> None:
     finally:
         server.request_stop()
         th.join(30)
+
+
+# --- real pyverbs, no device needed -------------------------------------------------------
+
+
+def _pyverbs() -> None:
+    from memkv_client.verbs import _import_pyverbs
+
+    try:
+        _import_pyverbs()
+    except ImportError:
+        pytest.skip("pyverbs (python3-pyverbs) is not installed")
+
+
+def test_pyverbs_connect_attributes() -> None:
+    _pyverbs()
+    from memkv_client.verbs import _enum, connect_attrs
+
+    peer = {"qpn": 77, "psn": 1234, "lid": 9, "gid": "fe80:0000:0000:0000:0000:0000:0000:0001"}
+    attr = connect_attrs(
+        peer, psn=42, port=1, gid_index=3, traffic_class=106, service_level=2, mtu_enum=5
+    )
+    assert (attr.dest_qp_num, attr.rq_psn, attr.sq_psn, attr.path_mtu) == (77, 1234, 42, 5)
+    assert attr.ah_attr.dlid == 9
+    assert attr.ah_attr.sl == 2
+    assert attr.ah_attr.traffic_class == 106
+    assert attr.ah_attr.dgid == peer["gid"]
+    assert _enum("IBV_WR_RDMA_READ") != _enum("IBV_WR_RDMA_WRITE")
+    assert _enum("IBV_ACCESS_REMOTE_READ") == 4
+
+
+def test_pyverbs_without_devices_reports_a_reason() -> None:
+    _pyverbs()
+    backend, reason = open_verbs_backend(["mlx5_0"])
+    if backend is not None:  # a machine with real RDMA: nothing to check here
+        backend.close()
+        pytest.skip("this machine has an RDMA device")
+    assert "RDMA" in reason or "none of" in reason

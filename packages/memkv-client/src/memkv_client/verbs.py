@@ -234,6 +234,47 @@ class PyverbsBackend(VerbsBackend):
         self.ctx.close()
 
 
+def connect_attrs(
+    peer: dict[str, Any],
+    psn: int,
+    port: int,
+    gid_index: int,
+    traffic_class: int,
+    service_level: int,
+    mtu_enum: int,
+) -> Any:
+    """The ``QPAttr`` for INIT->RTR->RTS of an RC queue pair towards ``peer``.
+
+    ``peer`` is the decoded endpoint ``{"qpn", "psn", "lid", "gid"}``. Needs pyverbs but
+    no device, so it is tested wherever pyverbs imports.
+    """
+    from pyverbs.addr import GID, AHAttr, GlobalRoute
+    from pyverbs.qp import QPAttr
+
+    route = GlobalRoute(
+        dgid=GID(str(peer["gid"])),
+        sgid_index=gid_index,
+        hop_limit=64,
+        traffic_class=traffic_class,
+    )
+    attr = QPAttr()
+    attr.port_num = port
+    attr.path_mtu = mtu_enum
+    attr.dest_qp_num = int(peer["qpn"])
+    attr.rq_psn = int(peer["psn"])
+    attr.max_dest_rd_atomic = 16
+    attr.min_rnr_timer = 12
+    attr.ah_attr = AHAttr(
+        is_global=1, port_num=port, dlid=int(peer["lid"]), sl=service_level, gr=route
+    )
+    attr.sq_psn = psn
+    attr.timeout = 14
+    attr.retry_cnt = 7
+    attr.rnr_retry = 7
+    attr.max_rd_atomic = 16
+    return attr
+
+
 class _PyverbsQP(QueuePair):
     DEPTH = 512
 
@@ -245,7 +286,8 @@ class _PyverbsQP(QueuePair):
         self.cq = CQ(be.ctx, self.DEPTH * 2)
         cap = QPCap(max_send_wr=self.DEPTH, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
         init = QPInitAttr(qp_type=_enum("IBV_QPT_RC"), scq=self.cq, rcq=self.cq, cap=cap)
-        attr = QPAttr(port_num=be.port)
+        attr = QPAttr()
+        attr.port_num = be.port
         attr.qp_access_flags = _enum("IBV_ACCESS_REMOTE_WRITE") | _enum("IBV_ACCESS_REMOTE_READ")
         attr.pkey_index = be.pkey_index
         self.qp = QP(be.pd, init, attr)  # returned in INIT
@@ -256,34 +298,12 @@ class _PyverbsQP(QueuePair):
         return json.dumps(info).encode()
 
     def connect(self, remote: bytes) -> None:
-        from pyverbs.addr import GID, AHAttr
-        from pyverbs.qp import QPAttr
-
-        peer = json.loads(remote)
         be = self.be
-        ah = AHAttr(
-            port_num=be.port,
-            is_global=1,
-            dgid=GID(peer["gid"]),
-            sgid_index=be.gid_index,
-            hop_limit=64,
-            traffic_class=be.traffic_class,
-            sl=be.service_level,
-            dlid=peer["lid"],
-        )
-        attr = QPAttr(port_num=be.port)
-        attr.path_mtu = be.mtu
-        attr.dest_qp_num = peer["qpn"]
-        attr.rq_psn = peer["psn"]
-        attr.max_dest_rd_atomic = 16
-        attr.min_rnr_timer = 12
-        attr.ah_attr = ah
+        attr = connect_attrs(
+            json.loads(remote), self.psn, be.port, be.gid_index, be.traffic_class,
+            be.service_level, be.mtu,
+        )  # fmt: skip
         self.qp.to_rtr(attr)
-        attr.sq_psn = self.psn
-        attr.timeout = 14
-        attr.retry_cnt = 7
-        attr.rnr_retry = 7
-        attr.max_rd_atomic = 16
         self.qp.to_rts(attr)
 
     def _post(
