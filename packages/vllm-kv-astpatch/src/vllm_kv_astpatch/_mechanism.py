@@ -101,7 +101,10 @@ def resolve(target: FunctionTarget) -> types.FunctionType:
             raise SkipError("target-missing", f"{target} has no attribute {part!r}") from None
     if isinstance(obj, staticmethod | classmethod):
         obj = obj.__func__
-    func = inspect.unwrap(obj) if callable(obj) else obj
+    try:
+        func = inspect.unwrap(obj) if callable(obj) else obj
+    except ValueError as exc:  # a __wrapped__ cycle
+        raise SkipError("unexpected-target", f"{target}: {exc}") from exc
     if not isinstance(func, types.FunctionType):
         raise SkipError("target-missing", f"{target} is a {type(func).__name__}, not a function")
     if not _qualname_matches(func.__code__.co_qualname, target.qualname):
