@@ -206,3 +206,12 @@ def test_hybrid_patch_on_the_real_file(real_module: types.ModuleType) -> None:
     assert schedule.__code__ is not codes[1]
     # 16 external tokens, 50 new: the chunk is cut to a block boundary (48), no assert
     assert split(this, request, 50, 0, 16) == 48
+
+
+def test_patched_split_of_0_22_1_is_upstreams_0_23_0() -> None:
+    by_version = {version_of(p): p.read_text() for p in SOURCES}
+    if not {"0.22.1", "0.23.0"} <= by_version.keys():
+        pytest.skip("needs the 0.22.1 and 0.23.0 sources")
+    patched = function(by_version["0.22.1"], SPLIT)
+    assert remove_external_connector_assert(patched) == 1
+    assert ast.unparse(patched) == ast.unparse(function(by_version["0.23.0"], SPLIT))
