@@ -176,3 +176,20 @@ def test_down_server_warns_once(caplog: pytest.LogCaptureFixture) -> None:
     warnings = [r for r in caplog.records if "reported as absent" in r.getMessage()]
     assert len(warnings) == 1
     assert "connect failed" in warnings[0].getMessage()
+
+
+def test_frozen_server_times_out_then_recovers(fresh_server: ServerProcess) -> None:
+    srv = fresh_server
+    assert srv.proc is not None
+    with make_client(srv.address, num_connections=1, request_timeout_ms=300) as c:
+        c.put("frz/a", b"1")
+        os.kill(srv.proc.pid, signal.SIGSTOP)
+        try:
+            (r,) = c.batch_get_into([("frz/a", bytearray(1), 1)])
+            assert r.kind is ResultKind.TRANSPORT
+            assert "timed out" in r.cause
+            assert c.exists(["frz/a"]) == [False]  # unreachable reads as absent
+        finally:
+            os.kill(srv.proc.pid, signal.SIGCONT)
+        assert wait_until(lambda: c.exists(["frz/a"]) == [True], attempts=50, delay=0.1)
+        assert c.get("frz/a") == b"1"
