@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import BLOCK, PROMPTS, EngineRun, MemKVServer, direct_config
+from memkv_harness import BLOCK, PROMPTS, EngineRun, MemKVServer, direct_config
 
 
 def test_direct_spec_round_trips_within_and_across_processes(

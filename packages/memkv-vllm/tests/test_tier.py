@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import BLOCK, P1, PROMPTS, EngineRun, MemKVServer, tier_config
+from memkv_harness import BLOCK, P1, PROMPTS, EngineRun, MemKVServer, tier_config
 
 
 def _lane_totals(stats: dict[str, Any]) -> dict[str, int]:
@@ -15,7 +15,11 @@ def _lane_totals(stats: dict[str, Any]) -> dict[str, int]:
 def test_tier_keeps_tokens_and_shares_blocks_across_processes(
     start_engine: Any, memkv: MemKVServer, tiny_llama: str, baseline: EngineRun
 ) -> None:
-    spec = {"model": tiny_llama, "kv_transfer_config": tier_config(), "phases": [{"prompts": PROMPTS}]}
+    spec = {
+        "model": tiny_llama,
+        "kv_transfer_config": tier_config(),
+        "phases": [{"prompts": PROMPTS}],
+    }
     first = start_engine(spec, **memkv.env()).result()
     assert first.tokens(0) == baseline.tokens(0)
     stored = _lane_totals(memkv.stats())

@@ -7,6 +7,7 @@ every process. Importing this package does not import vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -39,8 +40,7 @@ def register() -> None:
     except ImportError as exc:
         log.warning("memkv-vllm: this vLLM has no offloading tiers (%s); tier not registered", exc)
         return
-    try:
+    # ValueError: already registered in this process (e.g. by an earlier import path)
+    with contextlib.suppress(ValueError):
         SecondaryTierFactory.register_tier(TIER_TYPE, "memkv_vllm.tier", "MemKVTierManager")
-    except ValueError:
-        pass  # already registered in this process (e.g. by an earlier import path)
     _registered = True

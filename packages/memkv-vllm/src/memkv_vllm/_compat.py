@@ -22,7 +22,6 @@ from collections.abc import Collection
 from typing import Any
 
 import numpy as np
-
 from vllm.v1.kv_offload import base as _base  # type: ignore[import-not-found]
 from vllm.v1.kv_offload.tiering import base as _tier_base  # type: ignore[import-not-found]
 

@@ -94,11 +94,15 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             "tp_size": int(config.parallel.tp_size),
             "world_size": int(config.parallel.world_size),
             "tokens_per_block": list(spec.tokens_per_block),
-            "layout": [[list(t.tensor.shape[1:]), int(t.page_size_bytes)] for t in kv_caches.tensors],
+            "layout": [
+                [list(t.tensor.shape[1:]), int(t.page_size_bytes)] for t in kv_caches.tensors
+            ],
             "groups": self._groups,
             "kv_cache_layout": str(getattr(config, "kv_cache_layout", None)),
         }
-        self.prefix = direct_prefix(ident, weights_fingerprint(config.model.name), cfg.memkv_spec_prefix)
+        self.prefix = direct_prefix(
+            ident, weights_fingerprint(config.model.name), cfg.memkv_spec_prefix
+        )
         self._client.put(publish_key(config.engine_id, self.rank), self.prefix)
         n = cfg.memkv_num_threads
         self._jobs = JobRunner(n, n, max_backlog_bytes=1 << 62)
@@ -198,7 +202,9 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
                 log.error("memkv-vllm: transfer job %d raised %s", done.job_id, done.extra["error"])
             # stores always "succeed" for vLLM (see the module docstring)
             success = done.outcome.success or not done.is_load
-            out.append(c.make_transfer_result(done.job_id, success, done.outcome.nbytes, done.seconds))
+            out.append(
+                c.make_transfer_result(done.job_id, success, done.outcome.nbytes, done.seconds)
+            )
         return out
 
     def wait(self, job_ids: set[int]) -> None:

@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["JobOutcome", "JobRunner", "Finished"]
+__all__ = ["Finished", "JobOutcome", "JobRunner"]
 
 
 @dataclass

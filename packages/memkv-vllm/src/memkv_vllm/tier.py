@@ -80,12 +80,15 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
         self._row_bytes = int(self._rows.strides[0])
         model = offloading_spec.config.model.name
         self.fingerprint = weights_fingerprint(model)
-        self._namer = TierNamer(c.make_file_mapper(self.cfg.prefix, offloading_spec), self.fingerprint)
+        self._namer = TierNamer(
+            c.make_file_mapper(self.cfg.prefix, offloading_spec), self.fingerprint
+        )
         problem = c.hash_seed_problem()
         if problem:
             log.warning(
                 "memkv-vllm: %s and PYTHONHASHSEED is unset: instances will never share "
-                "KV through MemKV. Set PYTHONHASHSEED (e.g. 0) on every instance.", problem
+                "KV through MemKV. Set PYTHONHASHSEED (e.g. 0) on every instance.",
+                problem,
             )
         self._client = connect(self.cfg.probe_servers, "tier")
         self._lookup = BatchedLookup(

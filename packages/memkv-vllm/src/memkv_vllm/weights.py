@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 __all__ = ["weights_fingerprint"]
 
@@ -20,7 +21,7 @@ SAMPLE = 64 << 10
 _cache: dict[str, str] = {}
 
 
-def _sample_file(h: "hashlib._Hash", path: Path) -> None:
+def _sample_file(h: Any, path: Path) -> None:
     size = path.stat().st_size
     h.update(f"{path.name}:{size}".encode())
     with path.open("rb") as handle:
@@ -69,7 +70,8 @@ def weights_fingerprint(model: str, revision: str | None = None) -> str:
         if commit is None:
             log.warning(
                 "memkv-vllm: cannot fingerprint the weights of %r (no local folder or hub "
-                "snapshot); a new checkpoint under this name would reuse old KV", model
+                "snapshot); a new checkpoint under this name would reuse old KV",
+                model,
             )
             commit = "unknown"
         fp = commit

@@ -52,7 +52,9 @@ def run(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
         if phase.get("reset_prefix_cache") or phase.get("reset_connector"):
             ok = llm.reset_prefix_cache(reset_connector=bool(phase.get("reset_connector")))
             print(f"PHASE {index} reset_prefix_cache -> {ok}", flush=True)
-        params = SamplingParams(max_tokens=phase.get("max_tokens", 8), temperature=0.0, ignore_eos=True)
+        params = SamplingParams(
+            max_tokens=phase.get("max_tokens", 8), temperature=0.0, ignore_eos=True
+        )
         outputs = llm.generate(
             [{"prompt_token_ids": ids} for ids in phase["prompts"]], params, use_tqdm=False
         )

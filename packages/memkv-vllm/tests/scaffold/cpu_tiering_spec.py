@@ -23,8 +23,11 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 def _open_region(spec: Any, rank: int) -> SharedOffloadRegion:
     params = inspect.signature(SharedOffloadRegion.__init__).parameters
     num = spec.num_chunks if hasattr(spec, "num_chunks") else spec.num_blocks
-    kwargs: dict[str, Any] = {"engine_id": spec.config.engine_id, "rank": rank,
-                              "cpu_page_size": spec.cpu_page_size_per_worker}
+    kwargs: dict[str, Any] = {
+        "engine_id": spec.config.engine_id,
+        "rank": rank,
+        "cpu_page_size": spec.cpu_page_size_per_worker,
+    }
     if "num_chunks" in params:
         kwargs.update(num_chunks=num, kv_bytes_per_chunk=spec.kv_bytes_per_chunk)
     else:

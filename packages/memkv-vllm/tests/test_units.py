@@ -1,0 +1,166 @@
+"""Fast tests without an engine: config errors, key names, lookup batching, registration."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from memkv_harness import MemKVServer
+from memkv_vllm import register
+from memkv_vllm.config import ConfigError, DirectConfig, TierConfig
+from memkv_vllm.jobs import JobOutcome, JobRunner
+from memkv_vllm.lookup import Answer, BatchedLookup
+from memkv_vllm.naming import MAX_NAME, TierNamer, direct_key, direct_prefix
+from memkv_vllm.weights import weights_fingerprint
+
+
+def test_tier_config_names_the_bad_key_and_the_accepted_values() -> None:
+    assert TierConfig.from_dict({"n_read_threads": 2, "locality": "REMOTE"}).n_read_threads == 2
+    with pytest.raises(ConfigError, match=r"'n_read_thread'.*accepted keys: .*n_read_threads"):
+        TierConfig.from_dict({"n_read_thread": 2})
+    with pytest.raises(ConfigError, match=r"'blocks_per_op'.*>= 1"):
+        TierConfig.from_dict({"blocks_per_op": 0})
+    with pytest.raises(ConfigError, match=r"'max_store_backlog_mb'.*a number"):
+        TierConfig.from_dict({"max_store_backlog_mb": "lots"})
+
+
+def test_direct_config_checks_only_memkv_keys() -> None:
+    cfg = DirectConfig.from_extra_config({"spec_name": "x", "memkv_num_threads": 3})
+    assert cfg.memkv_num_threads == 3
+    with pytest.raises(ConfigError, match=r"memkv_scratch_medium.*auto, host, gpu"):
+        DirectConfig.from_extra_config({"memkv_scratch_medium": "nvme"})
+    with pytest.raises(ConfigError, match=r"'memkv_threads'"):
+        DirectConfig.from_extra_config({"memkv_threads": 3})
+
+
+class _Mapper:
+    base_path = "memkv-vllm/m_abc123"
+
+    def get_file_name(self, key: bytes) -> str:
+        h = key[:-4].hex()
+        return f"{self.base_path}_r0/{h[:3]}/{h[3:5]}_g0/{h}.bin"
+
+
+def test_tier_names_fold_the_weights_fingerprint_into_the_run_folder() -> None:
+    namer = TierNamer(_Mapper(), "f00d")
+    name = namer.name(b"\x01" * 32 + b"\0\0\0\0")
+    assert name.startswith(b"memkv-vllm/m_abc123_wf00d_r0/010/10_g0/0101")
+    assert TierNamer(_Mapper(), "beef").name(b"\x01" * 36) != name
+    long_mapper = _Mapper()
+    long_mapper.base_path = "x" * 600
+    assert TierNamer(long_mapper, "f").name(b"\x02" * 36).startswith(b"memkv-vt:")
+    assert len(TierNamer(long_mapper, "f").name(b"\x02" * 36)) <= MAX_NAME
+
+
+def test_direct_keys_are_rank_qualified_under_one_digest() -> None:
+    ident = {"model": "m", "dtype": "bf16", "tp_size": 2, "layout": [[2, 32, 128]]}
+    prefix = direct_prefix(ident, "w1", "")
+    assert prefix == direct_prefix(dict(ident), "w1", "")
+    assert prefix != direct_prefix(ident, "w2", "")  # new checkpoint, new keys
+    assert prefix != direct_prefix({**ident, "tp_size": 4}, "w1", "")
+    k0, k1 = direct_key(prefix, 0, b"k" * 36), direct_key(prefix, 1, b"k" * 36)
+    assert k0 != k1
+    assert k0.startswith(prefix)
+    assert len(k0) == len(prefix) + 2 + 36
+
+
+def test_weights_fingerprint_changes_with_the_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"a" * 300_000)
+    first = weights_fingerprint(str(tmp_path))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    (other / "model.safetensors").write_bytes(b"a" * 299_999 + b"b")
+    assert weights_fingerprint(str(other)) != first
+
+
+def test_lookup_sends_one_round_per_flush_and_caches_answers(memkv: MemKVServer) -> None:
+    import memkv_client
+
+    with memkv_client.Client(servers=[memkv.address], transport="tcp") as client:
+        client.put(b"present", b"x")
+        calls: list[list[bytes]] = []
+
+        def exists(names: list[bytes]) -> list[bool]:
+            calls.append(names)
+            return list(client.exists(names))
+
+        lookup = BatchedLookup(exists, hit_ttl=60, miss_ttl=60, timeout=5)
+        assert lookup.query(b"present") is Answer.PENDING
+        assert lookup.query(b"absent") is Answer.PENDING
+        assert lookup.query(b"present") is Answer.PENDING  # queued once
+        lookup.flush()
+        lookup.flush()  # the round is in flight: no second round
+        while lookup.pending():
+            lookup.flush()
+        assert calls == [[b"present", b"absent"]]
+        assert lookup.query(b"present") is Answer.HIT
+        assert lookup.query(b"absent") is Answer.MISS
+        assert lookup.query_all([b"present", b"absent"]) is Answer.MISS
+        lookup.mark([b"absent"], True)
+        assert lookup.query(b"absent") is Answer.HIT
+        lookup.close()
+
+
+def test_lookup_round_that_hangs_or_fails_resolves_as_absent() -> None:
+    gate = threading.Event()
+    now = [0.0]
+
+    def hangs(names: list[bytes]) -> list[bool]:
+        gate.wait(10)
+        return [True] * len(names)
+
+    lookup = BatchedLookup(hangs, hit_ttl=60, miss_ttl=60, timeout=5, clock=lambda: now[0])
+    lookup.query(b"k")
+    lookup.flush()
+    now[0] = 6.0
+    assert lookup.query(b"k") is Answer.MISS
+    gate.set()
+    lookup.close()
+
+    def fails(names: list[bytes]) -> list[bool]:
+        raise ConnectionError("down")
+
+    lookup = BatchedLookup(fails, hit_ttl=60, miss_ttl=60, timeout=5)
+    lookup.query(b"k")
+    lookup.flush()
+    while lookup.pending():
+        lookup.flush()
+    assert lookup.query(b"k") is Answer.MISS
+    lookup.close()
+
+
+def test_store_backlog_sheds_over_its_byte_limit() -> None:
+    gate = threading.Event()
+
+    def slow() -> JobOutcome:
+        gate.wait(10)
+        return JobOutcome(True, nbytes=10)
+
+    runner = JobRunner(1, 1, max_backlog_bytes=15)
+    assert runner.submit_store(1, 10, slow)  # an empty backlog always admits one job
+    assert not runner.submit_store(2, 10, slow)  # 20 > 15: shed
+    gate.set()
+    runner.drain()
+    done = {f.job_id: f for f in runner.finished()}
+    assert done[2].shed
+    assert not done[2].outcome.success
+    assert done[1].outcome.success
+    assert not done[1].shed
+    runner.shutdown()
+
+
+def test_register_is_idempotent_and_honours_vllm_plugins(monkeypatch: Any) -> None:
+    import memkv_vllm
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    register()
+    register()
+    assert SecondaryTierFactory.get_tier_class({"type": "memkv"}).__name__ == "MemKVTierManager"
+    monkeypatch.setattr(memkv_vllm, "_registered", False)
+    monkeypatch.setenv("VLLM_PLUGINS", "some_other_plugin")
+    register()
+    assert memkv_vllm._registered is False
