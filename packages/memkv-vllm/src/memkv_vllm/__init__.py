@@ -15,7 +15,7 @@ from ._version import __version__
 
 __all__ = ["ENTRY_POINT", "TIER_TYPE", "__version__", "register"]
 
-log = logging.getLogger("memkv_vllm")
+log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 ENTRY_POINT = "memkv_tier"
 TIER_TYPE = "memkv"
 _registered = False

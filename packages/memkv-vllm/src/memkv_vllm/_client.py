@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-__all__ = ["connect"]
+__all__ = ["connect", "warn_if_hashes_differ_per_process"]
 
-log = logging.getLogger("memkv_vllm")
+log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 
 
 def connect(probe: bool, who: str) -> Any:
@@ -37,3 +37,17 @@ def connect(probe: bool, who: str) -> Any:
         who, len(servers), ",".join(servers), "RDMA" if client.has_rdma() else "TCP",
     )  # fmt: skip
     return client
+
+
+def warn_if_hashes_differ_per_process() -> None:
+    """One startup warning when this vLLM would hash blocks differently per process."""
+    from ._compat import hash_seed_problem
+
+    problem = hash_seed_problem()
+    if problem:
+        log.warning(
+            "memkv-vllm: %s and PYTHONHASHSEED is unset: instances will never share KV "
+            "through MemKV (and a restarted instance will not find its own). Set "
+            "PYTHONHASHSEED (e.g. 0) to the same value on every instance.",
+            problem,
+        )

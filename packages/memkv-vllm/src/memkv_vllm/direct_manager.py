@@ -14,14 +14,14 @@ from collections.abc import Collection, Iterable
 from typing import Any
 
 from . import _compat as c
-from ._client import connect
+from ._client import connect, warn_if_hashes_differ_per_process
 from .lookup import Answer, BatchedLookup
 from .metrics import LOOKUP_ROUNDS, LOOKUPS, TierMetrics
 from .naming import direct_key, publish_key
 
 __all__ = ["MemKVDirectManager", "adopt_prefix"]
 
-log = logging.getLogger("memkv_vllm")
+log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 _RESULT = {
     Answer.HIT: c.LookupResult.HIT,
     Answer.MISS: c.LookupResult.MISS,
@@ -66,6 +66,7 @@ def adopt_prefix(client: Any, engine_id: str, world_size: int, timeout: float) -
 class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
     def __init__(self, spec: Any) -> None:
         cfg = spec.cfg
+        warn_if_hashes_differ_per_process()
         self._client = connect(True, "direct scheduler")
         self._ranks = range(spec.config.parallel.world_size)
         self.prefix = adopt_prefix(

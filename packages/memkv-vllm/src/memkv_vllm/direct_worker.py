@@ -27,7 +27,7 @@ from .weights import weights_fingerprint
 
 __all__ = ["MemKVDirectWorker", "choose_scratch_medium"]
 
-log = logging.getLogger("memkv_vllm")
+log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 MAX_BLOCKS_PER_OP = 64
 
 

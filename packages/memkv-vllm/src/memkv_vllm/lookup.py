@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 __all__ = ["Answer", "BatchedLookup"]
 
-log = logging.getLogger("memkv_vllm")
+log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 
 
 class Answer(enum.Enum):

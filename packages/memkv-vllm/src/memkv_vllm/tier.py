@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from . import _compat as c
-from ._client import connect
+from ._client import connect, warn_if_hashes_differ_per_process
 from .config import TierConfig
 from .jobs import JobOutcome, JobRunner
 from .lookup import Answer, BatchedLookup
@@ -40,7 +40,7 @@ from .weights import weights_fingerprint
 
 __all__ = ["MemKVTierManager", "memkv"]
 
-log = logging.getLogger("memkv_vllm")
+log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 _RESULT = {
     Answer.HIT: c.LookupResult.HIT,
     Answer.MISS: c.LookupResult.MISS,
@@ -57,7 +57,6 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
     """A ``secondary_tiers`` entry ``{"type": "memkv", ...}``; keys in :class:`TierConfig`."""
 
     medium: ClassVar[Any] = c.MEDIUM_CPU
-    tolerates_off_thread_polling: ClassVar[bool] = True  # every method is thread-safe
 
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
@@ -83,13 +82,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
         self._namer = TierNamer(
             c.make_file_mapper(self.cfg.prefix, offloading_spec), self.fingerprint
         )
-        problem = c.hash_seed_problem()
-        if problem:
-            log.warning(
-                "memkv-vllm: %s and PYTHONHASHSEED is unset: instances will never share "
-                "KV through MemKV. Set PYTHONHASHSEED (e.g. 0) on every instance.",
-                problem,
-            )
+        warn_if_hashes_differ_per_process()
         self._client = connect(self.cfg.probe_servers, "tier")
         self._lookup = BatchedLookup(
             self._client.exists,

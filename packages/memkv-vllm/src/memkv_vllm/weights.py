@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = ["weights_fingerprint"]
 
-log = logging.getLogger("memkv_vllm")
+log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 SAMPLE = 64 << 10
 _cache: dict[str, str] = {}
 

@@ -1,0 +1,53 @@
+"""The tier's metrics reach vLLM's Prometheus endpoint (real OpenAI server, multiprocess)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from memkv_harness import P1, P3, ROOT, SCAFFOLD, SITECUSTOMIZE, MemKVServer, tier_config
+
+sys.path.insert(0, str(ROOT / "tools"))
+
+from vllm_server import VllmServer, metric_sum
+
+
+def _total(samples: dict[str, float], name: str, **labels: str) -> float:
+    return metric_sum(samples, name + "_total", **labels) + metric_sum(samples, name, **labels)
+
+
+def test_tier_metrics_appear_in_prometheus(
+    memkv: MemKVServer, tiny_llama: str, tmp_path: Path
+) -> None:
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "PYTHONHASHSEED": "0",
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(SITECUSTOMIZE), str(SCAFFOLD), os.environ.get("PYTHONPATH")) if p
+        ),
+        **memkv.env(),
+    }
+    server = VllmServer(
+        model=tiny_llama, log_path=tmp_path / "vllm.log", kv_transfer_config=tier_config(), env=env
+    )
+    server.start()
+    try:
+        server.complete(P1)
+        server.complete(P3)
+        deadline = time.monotonic() + 60
+        while True:
+            samples = server.metrics()
+            stored = _total(samples, "vllm:kv_offload_memkv_store_bytes")
+            if stored > 0 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert stored >= 11 * 32 * 1024, stored  # 11 full blocks of 32 KiB reached MemKV
+        assert _total(samples, "vllm:kv_offload_memkv_blocks", op="store") >= 11
+        assert _total(samples, "vllm:kv_offload_memkv_lookups") > 0
+        assert _total(samples, "vllm:kv_offload_memkv_lookup_rounds") > 0
+    finally:
+        server.stop()
