@@ -123,6 +123,8 @@ class TcpSession:
             except ValueError:
                 raise RemoteProtocolError(f"unknown status {h.status}: {message}") from None
             raise error_from_status(status, f"{self.address}: {message}")
+        if h.bulk_len and op is not Op.GET:
+            raise RemoteProtocolError(f"{self.address}: unexpected bulk data in a {op.name} reply")
         if not h.is_response or h.op != op or h.request_id != rid:
             raise RemoteProtocolError(
                 f"{self.address}: reply op={h.op:#x} id={h.request_id} does not match "
