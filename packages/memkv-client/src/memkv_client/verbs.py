@@ -134,8 +134,13 @@ def _import_pyverbs() -> Any:
         # Debian's python3-pyverbs lives in the system dist-packages (CPython 3.11 ABI).
         if sys.version_info[:2] != (3, 11) or not os.path.isdir(f"{_DEBIAN_DIST}/pyverbs"):
             raise
+        # Only for this import: pyverbs' submodules resolve through the package's own
+        # __path__ afterwards, so the system dist-packages need not stay on sys.path.
         sys.path.append(_DEBIAN_DIST)
-        import pyverbs.device
+        try:
+            import pyverbs.device
+        finally:
+            sys.path.remove(_DEBIAN_DIST)
     return pyverbs
 
 
