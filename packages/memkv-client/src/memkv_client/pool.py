@@ -95,10 +95,10 @@ class ServerPool(Generic[S]):
             session, reused = self._take()
             try:
                 result = fn(session)
-            except TransportError:
+            except TransportError as exc:
                 self._discard(session)
-                if not reused:
-                    raise
+                if not reused or isinstance(exc, MemKVTimeout):
+                    raise  # a stale pooled connection fails fast; a timeout is the server
                 self.drop_idle()  # its siblings are likely stale too (server restarted)
                 session = self._connect()
                 try:
