@@ -110,7 +110,9 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
         )
 
     def complete_store(self, keys: Collection[Any], req_context: Any, success: bool = True) -> None:
-        return None
+        # not trusted as 'present' (see the module docstring), but a cached 'absent' from
+        # before the store is stale now: ask MemKV again next time
+        self._lookup.invalidate(n for k in keys for n in self._names(k))
 
     def on_new_request(self, req_context: Any) -> Any:
         return c.RequestOffloadingContext()

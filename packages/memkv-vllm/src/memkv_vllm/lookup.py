@@ -56,6 +56,7 @@ class BatchedLookup:
         self._clock = clock
         self._lock = threading.Lock()
         self._known: dict[bytes, tuple[bool, float]] = {}
+        self._marked: dict[bytes, float] = {}  # names marked by mark() while a round flies
         self._queued: dict[bytes, None] = {}
         self._inflight: list[bytes] = []
         self._inflight_set: set[bytes] = set()
@@ -104,6 +105,8 @@ class BatchedLookup:
             for n in names:
                 self._known[n] = (present, expires)
                 self._queued.pop(n, None)
+                if self._round is not None:
+                    self._marked[n] = expires
 
     def peek_all(self, names: Iterable[bytes]) -> Answer:
         """Like :meth:`query_all` from the cache only: queues nothing."""
@@ -113,6 +116,14 @@ class BatchedLookup:
         if any(k is None or k[1] <= now for k in known):
             return Answer.PENDING
         return Answer.HIT if all(k is not None and k[0] for k in known) else Answer.MISS
+
+    def invalidate(self, names: Iterable[bytes]) -> None:
+        """Drop the cached answers for ``names``: the next query asks MemKV again."""
+        with self._lock:
+            for n in names:
+                self._known.pop(n, None)
+                if self._round is not None:
+                    self._marked[n] = 0.0  # the flying round's answer is stale for n
 
     def forget(self) -> None:
         """Drop every cached answer (vLLM's ``reset_cache``)."""
@@ -158,7 +169,10 @@ class BatchedLookup:
         else:
             return
         for name, present in zip(self._inflight, flags, strict=True):
+            if name in self._marked:
+                continue  # a store or load proved more recently than this round asked
             self._known[name] = (present, now + (self._hit_ttl if present else self._miss_ttl))
+        self._marked.clear()
         self._inflight = []
         self._inflight_set = set()
         self._round = None
