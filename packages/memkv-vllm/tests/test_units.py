@@ -164,3 +164,48 @@ def test_register_is_idempotent_and_honours_vllm_plugins(monkeypatch: Any) -> No
     monkeypatch.setenv("VLLM_PLUGINS", "some_other_plugin")
     register()
     assert memkv_vllm._registered is False
+
+
+def test_scheduler_adopts_the_prefix_only_if_every_rank_agrees(memkv: MemKVServer) -> None:
+    import memkv_client
+    from memkv_vllm.direct_manager import adopt_prefix
+    from memkv_vllm.naming import publish_key
+
+    with memkv_client.Client(servers=[memkv.address], transport="tcp") as client:
+        client.put(publish_key("e1", 0), b"P")
+        client.put(publish_key("e1", 1), b"P")
+        assert adopt_prefix(client, "e1", 2, timeout=1) == b"P"
+        assert client.get(publish_key("e1", 0)) is None  # records are cleaned up
+        client.put(publish_key("e2", 0), b"P")
+        client.put(publish_key("e2", 1), b"Q")
+        with pytest.raises(RuntimeError, match="ranks key KV blocks differently"):
+            adopt_prefix(client, "e2", 2, timeout=1)
+        client.put(publish_key("e3", 0), b"P")
+        with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] published no key prefix"):
+            adopt_prefix(client, "e3", 2, timeout=0.5)
+
+
+def _offloading_config(pp: int = 1, pcp: int = 1, blocks_per_chunk: int = 1) -> Any:
+    from types import SimpleNamespace as Ns
+
+    return Ns(
+        extra_config={"spec_name": "MemKVOffloadingSpec"},
+        enable_kv_cache_events=False,
+        groups=(Ns(tokens_per_block=32),),
+        cache=Ns(tokens_per_hash=32, blocks_per_chunk=blocks_per_chunk),
+        parallel=Ns(rank=0, world_size=pp, tp_size=1, pp_size=pp, pcp_size=pcp, dcp_size=1),
+        model=Ns(name="m", dtype="bfloat16"),
+        engine_id="e",
+    )
+
+
+def test_direct_spec_refuses_pipeline_and_prefill_context_parallelism_and_chunks() -> None:
+    from memkv_vllm.spec import MemKVOffloadingSpec
+
+    MemKVOffloadingSpec(_offloading_config())
+    with pytest.raises(RuntimeError, match="pipeline_parallel_size=2"):
+        MemKVOffloadingSpec(_offloading_config(pp=2))
+    with pytest.raises(RuntimeError, match="prefill_context_parallel_size=2"):
+        MemKVOffloadingSpec(_offloading_config(pcp=2))
+    with pytest.raises(ConfigError, match="remove block_size"):
+        MemKVOffloadingSpec(_offloading_config(blocks_per_chunk=4))
