@@ -156,8 +156,9 @@ class BlockingSpill(SpillDir):
         self.release = threading.Event()
 
     def write(self, views: list[memoryview], length: int) -> str:  # type: ignore[override]
-        self.entered.set()
-        assert self.release.wait(30)
+        if not self.entered.is_set():  # only the first write waits
+            self.entered.set()
+            assert self.release.wait(30)
         return super().write(views, length)
 
 
@@ -179,6 +180,27 @@ def test_exists_never_blocks_on_eviction(tmp_path: Path) -> None:
     assert e is not None
     assert e.path is not None  # served from the spill file
     store.unpin(e)
+
+
+@pytest.mark.parametrize("action", ["delete", "overwrite"])
+def test_delete_or_overwrite_during_spill_wins(tmp_path: Path, action: str) -> None:
+    spill = BlockingSpill(tmp_path, 64 * MB)
+    store = Store(2 * MB, lanes=1, spill=spill, prefault=False)
+    put(store, b"a", b"a" * MB)
+    put(store, b"b", b"b" * MB)
+    writer = threading.Thread(target=put, args=(store, b"c", b"c" * MB))
+    writer.start()
+    assert spill.entered.wait(30)  # "a" is being spilled
+    if action == "delete":
+        assert store.delete(b"a") is True
+    else:
+        assert put(store, b"a", b"new") is Status.OK
+    spill.release.set()
+    writer.join(30)
+    assert read(store, b"a") == (None if action == "delete" else b"new")
+    spilled = store.stats()["spill"]["items"]
+    assert len(list(tmp_path.glob("*.mkv"))) == spilled  # the stale copy of "a" is gone
+    assert store.exists([b"b", b"c"]) == [True, True]
 
 
 def test_spill_capacity_evicts_oldest_file(tmp_path: Path) -> None:

@@ -146,6 +146,7 @@ class Store:
         self._freed = threading.Condition(self._lock)
         self._wait = wait_timeout
         self._disk: OrderedDict[bytes, Entry] = OrderedDict()
+        self._spilling: dict[bytes, Entry] = {}  # victims being written out, by key
         self.counters = {"puts": 0, "gets": 0, "deletes": 0, "disk_hits": 0, "no_space": 0}
 
     def lane_of(self, key: bytes) -> int:
@@ -259,6 +260,7 @@ class Store:
             if self.spill is not None and victim.length <= self.spill.capacity:
                 victim.refs += 1  # keep its memory while it is written out
                 to_spill.append(victim)
+                self._spilling[victim.key] = victim
                 self._unlink(victim)
                 return Status.NO_SPACE
             self._unlink(victim)
@@ -268,6 +270,7 @@ class Store:
         """Publish a filled reservation, replacing any previous value of the key."""
         e = res.entry
         with self._lock:
+            self._spilling.pop(e.key, None)  # a spill in flight is now stale
             old = self._index.get(e.key)
             if old is not None:
                 self._unlink(old)
@@ -284,9 +287,10 @@ class Store:
 
     def delete(self, key: bytes) -> bool:
         with self._lock:
+            spilling = self._spilling.pop(key, None) is not None  # must not come back
             e = self._index.get(key)
             if e is None:
-                return False
+                return spilling
             self._unlink(e)
             self.counters["deletes"] += 1
             return True
@@ -333,13 +337,16 @@ class Store:
             except OSError:
                 path = None
             with self._lock:
-                if path is not None and v.key not in self._index:
+                current = self._spilling.get(v.key) is v
+                if current:
+                    del self._spilling[v.key]
+                if path is not None and current and v.key not in self._index:
                     d = Entry(v.key, v.lane, v.length, 0, path=path)
                     self._index[v.key] = d
                     self._disk[v.key] = d
                     self.lanes[v.lane].spills += 1
                     self._evict_disk()
-                elif path is not None:  # rewritten meanwhile: the spilled copy is stale
+                elif path is not None:  # rewritten or deleted meanwhile: stale copy
                     self.spill.remove(path, v.length)
                 v.refs -= 1
                 if v.refs == 0:
