@@ -160,6 +160,7 @@ class _Connection:
         self.store = server.store
         self.sock = sock
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # reap dead peers
         self.done = threading.Event()
         self._lock = threading.Lock()
         self._busy = False
