@@ -139,6 +139,11 @@ class TcpSession:
         try:
             rid = self._send(op, meta, bulk)
             return self._recv_reply(op, rid)
+        except TransportError as exc:
+            self._fail()
+            if str(exc).startswith(self.address):
+                raise
+            raise type(exc)(f"{self.address}: {exc}") from None
         except MemKVError:
             self._fail()  # server-side frame errors also close the connection
             raise
