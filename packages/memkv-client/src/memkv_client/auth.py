@@ -11,6 +11,7 @@ import hmac
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from .protocol import MAC_SIZE, Status
@@ -61,8 +62,12 @@ class Signer:
 class ReplayGuard:
     """Rejects requests outside ``±window`` of the server clock and exact replays.
 
-    A MAC seen within the window is a replay. Seen MACs are pruned once they fall out of
-    the window, so memory is bounded by the request rate times the window. Thread-safe.
+    A MAC seen before is a replay. A request is accepted only while its timestamp is
+    within ``window`` of the server's clock, so a copy can arrive at most ``2 x window``
+    after the original: each seen MAC is remembered for that long, in arrival order,
+    and expired in amortised O(1). At most ``max_entries`` are kept; when full (a flood
+    within one window) new requests are refused rather than letting memory grow.
+    Thread-safe.
     """
 
     def __init__(
@@ -74,9 +79,9 @@ class ReplayGuard:
         self.window_ns = window_ns
         self._clock = clock
         self._max = max_entries
-        self._seen: dict[bytes, int] = {}
+        self._seen: set[bytes] = set()
+        self._order: deque[tuple[int, bytes]] = deque()
         self._lock = threading.Lock()
-        self._next_prune = 0
 
     def check(self, timestamp_ns: int, mac: bytes) -> Status:
         """Return OK, CLOCK_DRIFT or REPLAY, and remember the MAC when OK."""
@@ -85,16 +90,14 @@ class ReplayGuard:
             return Status.CLOCK_DRIFT
         tag = mac[:16]
         with self._lock:
-            if now >= self._next_prune or len(self._seen) >= self._max:
-                self._prune(now)
-            if tag in self._seen:
+            cutoff = now - 2 * self.window_ns
+            while self._order and self._order[0][0] < cutoff:
+                self._seen.discard(self._order.popleft()[1])
+            if tag in self._seen or len(self._seen) >= self._max:
                 return Status.REPLAY
-            if len(self._seen) >= self._max:  # flooded within one window: refuse, stay bounded
-                return Status.REPLAY
-            self._seen[tag] = timestamp_ns
+            self._seen.add(tag)
+            self._order.append((now, tag))
         return Status.OK
 
-    def _prune(self, now: int) -> None:
-        cutoff = now - self.window_ns
-        self._seen = {k: ts for k, ts in self._seen.items() if ts >= cutoff}
-        self._next_prune = now + self.window_ns // 4
+    def __len__(self) -> int:
+        return len(self._seen)
