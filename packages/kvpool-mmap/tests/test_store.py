@@ -425,3 +425,35 @@ def test_load_during_demotion_reads_the_right_bytes(
     assert s.lookup([key(0), key(1)]) == [Tier.L2, Tier.L2]
     assert_blocks(s, [0, 1])  # and the promoted copies are right too
     check_invariants(s)
+
+
+def test_promotions_do_not_queue_behind_write_through(
+    make_config: MakeConfig, store_factory: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from kvpool_mmap._io import BlockMover
+
+    s = store_factory(make_config(l1_slots=8, l2_slots=32, io_threads=1))
+    put_chain(s, [0, 1, 2, 3])
+    settle(s)
+    put_chain(s, list(range(4, 12)))  # 0..3 now live in L2 only
+    settle(s)
+    assert s.lookup([key(0)]) == [Tier.L2]
+    slow_write = BlockMover.write_block
+
+    def slow(self: BlockMover, *args: object) -> list[int]:
+        time.sleep(0.5)
+        return slow_write(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BlockMover, "write_block", slow)
+    put_chain(s, [12, 13, 14])  # three slow write-throughs on the single write thread
+    t0 = time.monotonic()
+    load = s.begin_load([key(0)])
+    assert s.wait_load(load, timeout=5) is LoadStatus.READY
+    assert time.monotonic() - t0 < 0.45  # did not wait for even one slow write
+    assert s._io is not None
+    assert s._io.background > 0
+    s.end_load(load)
+    settle(s)
+    check_invariants(s)

@@ -81,9 +81,11 @@ class StoreConfig:
     admission_max_entries: int = 1_000_000
     """Bound on keys the admission tracker remembers."""
     io_threads: int = 4
-    """Threads moving data between L1 and L2."""
-    max_inflight_io: int = 256
-    """Most L1<->L2 block transfers queued on the I/O threads at once."""
+    """Threads writing to L2 (write-through, demotion); promotions from L2 have their own
+    pool of the same size, so a load never queues behind background writes."""
+    max_inflight_io: int = 64
+    """Most background write-throughs queued on the I/O threads at once (bounds how long a
+    demotion or a disk read waits behind them)."""
     write_through: bool = True
     """Copy committed blocks to L2 in the background, so L2 survives a restart."""
     write_through_queue: int = 65536

@@ -89,19 +89,26 @@ class Completion:
     job: int
     result: Any
     error: BaseException | None
+    urgent: bool = False
 
 
 class IoEngine:
-    """Thread pool for transfer jobs; jobs on the same L2 slot run in submission order.
+    """Two thread pools for transfer jobs: `urgent` ones (promotions, which a request waits
+    for) never queue behind background ones (write-through, demotion, invalidation).
+    Background jobs on the same L2 slot run in submission order; an urgent job only ever
+    reads a slot whose writes have completed, so it needs no ordering.
 
-    submit()/completed() are called by the owner thread only; jobs run on the pool.
+    submit()/completed() are called by the owner thread only; jobs run on the pools.
     """
 
     def __init__(self, threads: int, mover: BlockMover | None, sync_interval_s: float | None):
-        self._pool = cf.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvpool-io")
+        self._pool = cf.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvpool-wr")
+        self._urgent = cf.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvpool-rd")
         self._done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
         self._tails: dict[int, cf.Future[Any]] = {}
         self.inflight = 0
+        self.background = 0
+        """Jobs in flight on the background (write) pool."""
         self._stop = threading.Event()
         self._syncer: threading.Thread | None = None
         if mover is not None and sync_interval_s is not None:
@@ -117,8 +124,13 @@ class IoEngine:
         while not self._stop.wait(interval):
             mover.sync()
 
-    def submit(self, job: int, fn: Callable[[], Any], l2_slot: int | None) -> None:
-        """Run fn() on the pool; its Completion appears in completed() later."""
+    def submit(
+        self, job: int, fn: Callable[[], Any], l2_slot: int | None, urgent: bool = False
+    ) -> None:
+        """Run fn() on a pool; its Completion appears in completed() later."""
+        if urgent:
+            self._track(job, self._urgent.submit(fn), urgent=True)
+            return
         prev = self._tails.get(l2_slot) if l2_slot is not None else None
 
         def run() -> Any:
@@ -129,11 +141,16 @@ class IoEngine:
         fut = self._pool.submit(run)
         if l2_slot is not None:
             self._tails[l2_slot] = fut
+        self._track(job, fut, urgent=False)
+
+    def _track(self, job: int, fut: cf.Future[Any], urgent: bool) -> None:
         self.inflight += 1
+        if not urgent:
+            self.background += 1
 
         def done(f: cf.Future[Any]) -> None:
             err = f.exception()
-            self._done.put(Completion(job, None if err else f.result(), err))
+            self._done.put(Completion(job, None if err else f.result(), err, urgent))
 
         fut.add_done_callback(done)
 
@@ -148,6 +165,7 @@ class IoEngine:
         except queue.Empty:
             pass
         self.inflight -= len(out)
+        self.background -= sum(1 for c in out if not c.urgent)
         if out and self._tails:
             self._tails = {s: f for s, f in self._tails.items() if not f.done()}
         return out
@@ -155,6 +173,7 @@ class IoEngine:
     def close(self) -> None:
         """Wait for running jobs and stop the threads."""
         self._stop.set()
+        self._urgent.shutdown(wait=True)
         self._pool.shutdown(wait=True)
         if self._syncer is not None:
             self._syncer.join()

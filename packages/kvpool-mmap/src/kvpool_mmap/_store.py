@@ -514,7 +514,7 @@ class TieredStore:
         e.l1, e.l1_state = slot, SlotState.FILLING
         self._l2_pin(e)
         fn = partial(self._mover.read_block, e.l2, slot, self._meta.get(e.l2))
-        self._submit(_READ, e, e.l2, fn)
+        self._submit(_READ, e, e.l2, fn, urgent=True)
 
     def _serve_slot_waiters(self) -> None:
         """Give L1 slots freed by demotions to promotions waiting for one."""
@@ -575,7 +575,7 @@ class TieredStore:
     def _pump(self) -> None:
         """Start queued write-throughs while the I/O queue has room."""
         assert self._io is not None
-        while self._wt_queue and self._io.inflight < self.config.max_inflight_io:
+        while self._wt_queue and self._io.background < self.config.max_inflight_io:
             e = self._wt_queue.popleft()
             e.wt_queued = False
             if self._entries.get(e.key) is not e or not self._l1_tracked(e):
@@ -597,11 +597,13 @@ class TieredStore:
         fn = partial(self._mover.write_block, e.l1, l2_slot, e.key, gen, e.depth)
         self._submit(_WRITE, e, l2_slot, fn)
 
-    def _submit(self, kind: str, e: Entry | None, l2_slot: int, fn: Any) -> None:
+    def _submit(
+        self, kind: str, e: Entry | None, l2_slot: int, fn: Any, urgent: bool = False
+    ) -> None:
         assert self._io is not None
         job = self._new_id()
         self._jobs[job] = (kind, e, l2_slot)
-        self._io.submit(job, fn, l2_slot)
+        self._io.submit(job, fn, l2_slot, urgent)
 
     # --- internals: completions -----------------------------------------------------
 
