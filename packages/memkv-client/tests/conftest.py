@@ -7,8 +7,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from memkv_client import Client
@@ -42,25 +44,27 @@ class ServerProcess:
         env["MEMKV_AUTH_KEY"] = self.key_hex
         cmd = [sys.executable, "-m", "memkv_client.server", "--listen", self.address]
         cmd += ["--no-prefault", *self.args]
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # blocks until the server listens (or dies)
-        self.output.append(line)
-        if "listening on" not in line:
-            rest = self.proc.stdout.read()
-            self.proc.wait(10)
-            raise RuntimeError(f"server failed to start: {line}{rest}")
-        return self
+        # Output goes to a file, not a pipe: a chatty server must never block on a full pipe.
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="memkv-", suffix=".log")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        for _ in range(600):  # up to 30 s for the "listening" line
+            text = Path(self.log.name).read_text()
+            if "listening on" in text:
+                self.output.append(text)
+                return self
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.proc.kill()
+        self.proc.wait(10)
+        raise RuntimeError(f"server failed to start: {Path(self.log.name).read_text()}")
 
     def terminate(self, timeout: float = 30) -> int:
         """SIGTERM and wait; returns the exit status."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         rc = self.proc.wait(timeout)
-        assert self.proc.stdout is not None
-        self.output.append(self.proc.stdout.read())
+        self.output.append(Path(self.log.name).read_text())
         return rc
 
     def kill(self) -> None:

@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -75,6 +76,8 @@ def start_server(memory: str, port: int) -> subprocess.Popen[str]:
     if "listening" not in line:
         proc.kill()
         raise RuntimeError(f"server did not start: {line!r}")
+    # keep draining its output so the server never blocks on a full pipe
+    threading.Thread(target=proc.stdout.read, daemon=True).start()
     return proc
 
 

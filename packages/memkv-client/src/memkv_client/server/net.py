@@ -159,6 +159,12 @@ class _Connection:
         self.server = server
         self.store = server.store
         self.sock = sock
+        try:
+            host, port = sock.getpeername()[:2]
+            self.peer = f"{host}:{port}"
+        except OSError:
+            self.peer = "?"
+        log.debug("memkv: connection from %s", self.peer)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # reap dead peers
         self.done = threading.Event()
@@ -208,6 +214,7 @@ class _Connection:
             self.sock.close()
             self.server.forget(self)
             self.done.set()
+            log.debug("memkv: connection from %s closed", self.peer)
 
     def _drain_and_close(self) -> None:
         """After an error reply: half-close, then read what the peer still sends (bounded),
@@ -278,6 +285,7 @@ class _Connection:
         return out + self.server.signer.sign(out, meta) + meta
 
     def _error(self, h: Header | None, status: Status, message: str) -> None:
+        log.info("memkv: %s: %s: %s; closing", self.peer, status.name, message)
         h = h or Header(p.VERSION, 0, 0, 0, 0, 0, 0, 0)
         with contextlib.suppress(OSError):
             self.sock.sendall(self._reply(h, message.encode(), 0, status))
