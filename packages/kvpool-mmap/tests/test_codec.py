@@ -73,3 +73,40 @@ def test_superblock_round_trip_and_errors(make_config: MakeConfig) -> None:
     bad[40] ^= 1
     with pytest.raises(LayoutMismatchError, match="checksum"):
         Superblock.decode(bytes(bad), L2_MAGIC)
+
+
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.binary(max_size=MAX_KEY_BYTES),
+            st.integers(0, 2**64 - 1),
+            st.sampled_from(["valid", "empty", "flip", "garbage"]),
+            st.integers(0, HEADER_BYTES - 1),
+        ),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_table_decoder_agrees_with_row_decoder(rows: list[tuple[bytes, int, str, int]]) -> None:
+    import numpy as np
+    from kvpool_mmap._codec import decode_table
+
+    raw = bytearray()
+    for k, gen, kind, pos in rows:
+        h = bytearray(encode_header(k, gen, 4096, gen ^ 1, len(k)))
+        if kind == "empty":
+            h = bytearray(HEADER_BYTES)
+        elif kind == "flip":
+            h[pos] ^= 0x20
+        elif kind == "garbage":
+            h = bytearray((i * 37 + pos) % 256 for i in range(HEADER_BYTES))
+        raw += h
+    table = np.frombuffer(bytes(raw), dtype=np.uint8).reshape(len(rows), HEADER_BYTES)
+    valid, corrupt = decode_table(table)
+    for slot in range(len(rows)):
+        state, hdr = decode_header(table[slot].tobytes())
+        if state is HeaderState.VALID:
+            assert valid[slot] == hdr
+        else:
+            assert slot not in valid
+            assert (slot in corrupt) == (state is HeaderState.CORRUPT)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ._codec import HeaderState, decode_header, live_header_indices, payload_checksum
+from ._codec import SlotHeader, decode_table, payload_checksum
 from ._config import StoreConfig
 from ._errors import ConfigError
 from ._l2file import L2RankFile
@@ -72,32 +72,28 @@ def recover(
         if fix:
             _invalidate(files, slot)
 
-    per_rank: list[dict[int, tuple[bytes, int, int, int]]] = []
+    per_rank: list[dict[int, SlotHeader]] = []
     for f in files:
-        table = f.read_header_table()
-        found: dict[int, tuple[bytes, int, int, int]] = {}
-        for slot in live_header_indices(table).tolist():
-            state, hdr = decode_header(table[slot].tobytes())
-            if state is HeaderState.CORRUPT or hdr is None:
-                report.corrupt_headers += 1
-                invalidate_one(f, slot)
-                continue
+        valid, corrupt = decode_table(f.read_header_table())
+        for slot in corrupt:
+            report.corrupt_headers += 1
+            invalidate_one(f, slot)
+        for slot, hdr in list(valid.items()):
             report.max_generation = max(report.max_generation, hdr.generation)
             if hdr.length != stride:
                 report.corrupt_headers += 1
                 invalidate_one(f, slot)
-                continue
-            found[slot] = (hdr.key, hdr.generation, hdr.depth, hdr.checksum)
-        per_rank.append(found)
+                del valid[slot]
+        per_rank.append(valid)
 
     newest: dict[bytes, RecoveredBlock] = {}
-    for slot, (key, gen, depth, c0) in per_rank[0].items():
+    for slot, (key, gen, _length, c0, depth) in per_rank[0].items():
         checksums = [c0]
         for found in per_rank[1:]:
             other = found.get(slot)
-            if other is None or other[0] != key or other[1] != gen:
+            if other is None or other.key != key or other.generation != gen:
                 break
-            checksums.append(other[3])
+            checksums.append(other.checksum)
         if len(checksums) != len(files):
             report.incomplete += 1
             invalidate_all(slot)
