@@ -124,3 +124,23 @@ def test_plugin_name_alone_selects_the_connector(
     )
     assert run.tokens(1) == baseline.tokens(0)[:1]
     assert run.cached(1) == [full_blocks(PROMPT_A)]
+
+
+def test_hybrid_model_gets_hits_and_identical_tokens(
+    tiny_qwen3_next: str, run_engine: Callable[..., EngineRun], tmp_path: Path
+) -> None:
+    prompt = make_prompt(seed=7, blocks=48)  # 1541 tokens: several of the hybrid's blocks
+    phases = [{"prompts": [prompt]}, {"reset_prefix_cache": True, "prompts": [prompt]}]
+    plain = run_engine({"model": tiny_qwen3_next, "phases": phases})
+    offload = run_engine(
+        {
+            "model": tiny_qwen3_next,
+            "kv_transfer_config": connector_config(cpu_bytes_to_use=64 << 20),
+            "phases": phases,
+        }
+    )
+    assert plain.cached(1) == [0]
+    assert offload.tokens(0) == offload.tokens(1) == plain.tokens(0)
+    # Attention blocks and the linear-attention state at the hit's end came from L1.
+    assert offload.cached(1)[0] > len(prompt) // 2
+    assert hit_percent(offload, "l1") > 0

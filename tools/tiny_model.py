@@ -129,6 +129,9 @@ def build(folder: Path, kind: str = "llama", seed: int = 0) -> Path:
             vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
             num_attention_heads=4, num_key_value_heads=2, head_dim=64,
             layer_types=["linear_attention"] * 3 + ["full_attention"],
+            # small linear-attention state, so vLLM's aligned block size stays small
+            linear_num_key_heads=2, linear_num_value_heads=2,
+            linear_key_head_dim=64, linear_value_head_dim=64,
             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
             shared_expert_intermediate_size=128, max_position_embeddings=4096,
             tie_word_embeddings=False,

@@ -30,6 +30,7 @@ class VllmServer:
     log_path: Path
     kv_transfer_config: dict[str, Any] | None = None
     kv_cache_memory_bytes: int = 16 << 20
+    max_model_len: int = 4096
     port: int = field(default_factory=free_port)
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
@@ -44,7 +45,7 @@ class VllmServer:
             "--model", self.model, "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "bfloat16", "--enforce-eager", "--block-size", "32",
             "--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes),
-            "--max-model-len", "4096", "--enable-prefix-caching", "--max-num-seqs", "8",
+            "--max-model-len", str(self.max_model_len), "--enable-prefix-caching", "--max-num-seqs", "8",
         ]  # fmt: skip
         if self.kv_transfer_config:
             cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]

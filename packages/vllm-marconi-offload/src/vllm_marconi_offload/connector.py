@@ -23,7 +23,7 @@ from .layout import SlotLayout
 from .log import logger
 from .metadata import OffloadMetadata, StoreCompletions
 from .metrics import OffloadPromMetrics, OffloadStats
-from .pool import build_store_config
+from .pool import build_store_config, unlink_anonymous_l1
 from .scheduler import OffloadScheduler
 from .stats import eviction_line, store_counters
 from .worker import OffloadWorker
@@ -56,8 +56,14 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
         self._store: TieredStore | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._store = TieredStore(store_config, create_l1=False)
+            if self._config.cpu_pool_path is None:
+                unlink_anonymous_l1(store_config)
             self._scheduler = OffloadScheduler(
-                self._store, self._layout, self._block_size, int(parallel.tensor_parallel_size)
+                self._store,
+                self._layout,
+                self._block_size,
+                int(parallel.tensor_parallel_size),
+                kv_cache_config,
             )
             self._warn_if_hashes_change(vllm_config, version)
             logger.info(

@@ -6,6 +6,7 @@ other, so everything here is a pure function of the vLLM config and the connecto
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -68,6 +69,18 @@ def anonymous_l1_dir(vllm_config: Any) -> str:
     root = ANONYMOUS_L1_ROOT if os.path.isdir(ANONYMOUS_L1_ROOT) else tempfile.gettempdir()
     engine_id = _slug(str(vllm_config.kv_transfer_config.engine_id))
     return os.path.join(root, f"vllm-marconi-offload-{engine_id}")
+
+
+def unlink_anonymous_l1(store_config: StoreConfig) -> None:
+    """Remove the names of an anonymous L1 once every process has it mapped.
+
+    The memory stays alive as long as a mapping does, and nothing is left behind in
+    /dev/shm when the engine exits, however it exits.
+    """
+    for rank in range(store_config.tp_size):
+        Path(store_config.l1_file(rank)).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        Path(store_config.l1.path).rmdir()
 
 
 def build_store_config(

@@ -3,7 +3,7 @@
 Runs in vLLM's engine-core process and must never block a scheduler step:
 
 * `lookup` (from `get_num_new_matched_tokens`): the longest prefix of the request's block
-  hashes held by the store (L1, then L2). L1 blocks are pinned at once; L2 blocks are
+  hashes held by the store (L1, then L2). Its blocks are pinned at once; L2 blocks are
   promoted into L1 on the store's I/O threads while vLLM keeps scheduling, and the request
   is asked about again (`None`) until they are there. A block that fails its checksum on
   the way up shortens the hit: vLLM recomputes those tokens. So every hit handed to vLLM
@@ -14,6 +14,9 @@ Runs in vLLM's engine-core process and must never block a scheduler step:
   step (demote-on-store; admission decides). Store slots stay pinned until every worker
   reported the copy done (`StoreCompletions`), then they are committed.
 
+Every KV-cache group is handled. Attention groups need every block of the hit; state
+groups (Mamba, linear attention) need only the state checkpointed at the hit's last
+block, and hits end on their alignment (`vllm_kv_astpatch.aligned_external_hit_tokens`).
 The store's own index decides hits: vLLM's BlockPool is never touched.
 """
 
@@ -25,19 +28,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool_mmap import LoadStatus, LoadTicket, StoreTicket, Tier, TieredStore
+from vllm_kv_astpatch import aligned_external_hit_tokens, hybrid_external_hits_supported
 
 from . import compat
-from .keys import chain_keys
+from .keys import block_key, chain_keys
 from .layout import SlotLayout
+from .log import logger
 from .metadata import BlockTransfer, OffloadMetadata, StoreCompletions, TransferJob
 from .stats import HitCounters
+
+NULL_BLOCK = 0  # vLLM's placeholder block id (skipped window / unallocated positions)
 
 
 @dataclass
 class _Lookup:
-    """A request's pinned hit: L1 slots of its first blocks, possibly still promoting."""
+    """A request's pinned hit: one chain ticket per attention group, one state ticket per
+    state group (the state at the hit's last block)."""
 
-    ticket: LoadTicket
+    blocks: int
+    chains: dict[int, LoadTicket]
+    states: dict[int, LoadTicket]
+
+    def tickets(self) -> list[LoadTicket]:
+        return [*self.chains.values(), *self.states.values()]
 
 
 @dataclass
@@ -52,7 +65,7 @@ class _RequestState:
 
 @dataclass
 class _PendingStore:
-    ticket: StoreTicket
+    tickets: list[StoreTicket]
     remaining_workers: int
 
 
@@ -60,12 +73,36 @@ class OffloadScheduler:
     """Decides what to load and store; owns the `TieredStore` index."""
 
     def __init__(
-        self, store: TieredStore, layout: SlotLayout, block_size: int, world_size: int
+        self,
+        store: TieredStore,
+        layout: SlotLayout,
+        block_size: int,
+        world_size: int,
+        kv_cache_config: Any,
     ) -> None:
         self._store = store
-        self._layout = layout
         self._block_size = block_size
         self._world_size = world_size
+        self._kv_cache_config = kv_cache_config
+        self._chain_groups = [g.group_id for g in layout.groups if g.is_attention]
+        self._state_groups = [g.group_id for g in layout.groups if not g.is_attention]
+        odd = [g.group_id for g in layout.groups if g.block_size != block_size]
+        self._enabled = not odd
+        if odd:
+            logger.warning(
+                "KV-cache groups %s use a block size other than %d tokens; offload is "
+                "disabled for this model",
+                odd,
+                block_size,
+            )
+        if self._state_groups and not hybrid_external_hits_supported():
+            logger.warning(
+                "this vLLM cannot take external hits on hybrid models (see "
+                "vllm_kv_astpatch.patch_report()); blocks are stored but never loaded"
+            )
+            self._loads_allowed = False
+        else:
+            self._loads_allowed = True
         self._requests: dict[str, _RequestState] = {}
         self._loads_to_send: list[TransferJob] = []
         self._loads_in_flight: dict[str, _Lookup] = {}
@@ -78,34 +115,64 @@ class OffloadScheduler:
         """External tokens beyond `num_computed_tokens` ready in L1 (None: ask again)."""
         state = self._requests.setdefault(request.request_id, _RequestState(request))
         if state.lookup is None:
-            state.lookup = self._start_lookup(request)
+            state.lookup = self._start_lookup(request) if self._enabled else None
             if state.lookup is None:
                 self._count_once(state, request, hit_tiers=[])
                 return 0, False
-        ticket = state.lookup.ticket
-        if self._store.poll_load(ticket) is LoadStatus.PENDING:
+        tickets = state.lookup.tickets()
+        if any(self._store.poll_load(t) is LoadStatus.PENDING for t in tickets):
             return None, False
-        state.hit_blocks = ticket.ready_prefix
-        self._count_once(state, request, hit_tiers=ticket.tiers[: state.hit_blocks])
-        external = state.hit_blocks * self._block_size - num_computed_tokens
+        state.hit_blocks = self._ready_blocks(state.lookup)
+        chain = state.lookup.chains.get(self._chain_groups[0]) if self._chain_groups else None
+        tiers = chain.tiers if chain is not None else tickets[0].tiers * state.hit_blocks
+        self._count_once(state, request, hit_tiers=tiers[: state.hit_blocks])
+        hit = state.hit_blocks * self._block_size - num_computed_tokens
+        external = aligned_external_hit_tokens(
+            max(hit, 0), num_computed_tokens, self._kv_cache_config, num_tokens=request.num_tokens
+        )
         if external <= 0:
             return 0, False
         return external, True
+
+    def _ready_blocks(self, lookup: _Lookup) -> int:
+        if any(t.failed for t in lookup.states.values()):
+            return 0  # the state at the hit's end is gone: nothing before it is usable
+        return min((t.ready_prefix for t in lookup.chains.values()), default=lookup.blocks)
 
     def _start_lookup(self, request: Any) -> _Lookup | None:
         # Leave at least one token to compute: vLLM needs a forward pass to sample.
         max_blocks = (request.num_tokens - 1) // self._block_size
         hashes = list(request.block_hashes[:max_blocks])
-        if not hashes:
+        if not hashes or not self._loads_allowed:
             return None
-        keys = chain_keys(hashes, group_id=0)
-        if not self._store.lookup(keys[:1]):
+        found = len(hashes)
+        for group in self._chain_groups:
+            found = min(found, len(self._store.lookup(chain_keys(hashes[:found], group))))
+        blocks = self._state_hit(hashes, found)
+        if blocks == 0:
             return None
-        ticket = self._store.begin_load(keys)
-        if not ticket.keys:
-            self._store.end_load(ticket)
-            return None
-        return _Lookup(ticket=ticket)
+        chains = {
+            g: self._store.begin_load(chain_keys(hashes[:blocks], g)) for g in self._chain_groups
+        }
+        states = {
+            g: self._store.begin_load([block_key(hashes[blocks - 1], g)])
+            for g in self._state_groups
+        }
+        return _Lookup(blocks=blocks, chains=chains, states=states)
+
+    def _state_hit(self, hashes: Sequence[bytes], found: int) -> int:
+        """Longest hit <= found whose end has every state group's checkpoint stored."""
+        if not self._state_groups:
+            return found
+        for blocks in range(found, 0, -1):
+            end = blocks * self._block_size
+            if aligned_external_hit_tokens(end, 0, self._kv_cache_config) != end:
+                continue
+            if all(
+                self._store.lookup([block_key(hashes[blocks - 1], g)]) for g in self._state_groups
+            ):
+                return blocks
+        return 0
 
     def _count_once(self, state: _RequestState, request: Any, hit_tiers: Sequence[Tier]) -> None:
         if state.counted:
@@ -124,27 +191,30 @@ class OffloadScheduler:
         """vLLM allocated GPU blocks; queue the L1 -> GPU load of the external tokens."""
         state = self._requests.setdefault(request.request_id, _RequestState(request))
         state.block_ids = [list(ids) for ids in block_ids]
-        if external <= 0 or state.lookup is None:
+        lookup = state.lookup
+        if external <= 0 or lookup is None:
             self._release_lookup(state)
             return
         end = state.hit_blocks
         start = end - external // self._block_size
-        slots = state.lookup.ticket.l1_slots
-        transfer = BlockTransfer(
-            group_id=0,
-            gpu_blocks=tuple(block_ids[0][start:end]),
-            slots=tuple(slots[start:end]),
-        )
-        job = TransferJob(next(self._job_ids), request.request_id, (transfer,))
+        transfers = []
+        for group, ticket in lookup.chains.items():
+            transfers.append(
+                _transfer(group, block_ids[group][start:end], ticket.l1_slots[start:end])
+            )
+        for group, ticket in lookup.states.items():
+            transfers.append(_transfer(group, block_ids[group][end - 1 : end], ticket.l1_slots))
+        job = TransferJob(next(self._job_ids), request.request_id, tuple(transfers))
         self._loads_to_send.append(job)
-        self._loads_in_flight[request.request_id] = state.lookup
+        self._loads_in_flight[request.request_id] = lookup
         state.lookup = None
         state.stored_blocks = max(state.stored_blocks, end)
         self.counters.loaded_blocks += end - start
 
     def _release_lookup(self, state: _RequestState) -> None:
         if state.lookup is not None:
-            self._store.end_load(state.lookup.ticket)
+            for ticket in state.lookup.tickets():
+                self._store.end_load(ticket)
             state.lookup = None
 
     # -- per step ----------------------------------------------------------------------
@@ -153,6 +223,8 @@ class OffloadScheduler:
         self._store.tick()
         meta = OffloadMetadata(loads=self._loads_to_send)
         self._loads_to_send = []
+        if not self._enabled:
+            return meta
         num_scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             state = self._requests.get(new.req_id)
@@ -179,30 +251,37 @@ class OffloadScheduler:
             return
         start = state.stored_blocks
         state.stored_blocks = full
-        keys = chain_keys(request.block_hashes[:full], group_id=0)
-        new_keys = keys[start:full]
-        parents = [keys[i - 1] if i > 0 else None for i in range(start, full)]
-        depths = list(range(start, full))
-        ticket = self._store.begin_store(new_keys, parents, depths)
-        slots = ticket.l1_slots
-        gpu_blocks = state.block_ids[0]
-        pairs = [
-            (gpu_blocks[start + i], slot)
-            for i, slot in enumerate(slots)
-            if slot is not None and start + i < len(gpu_blocks)
-        ]
-        if not pairs:
-            self._store.abort_store(ticket)
+        hashes = request.block_hashes[:full]
+        tickets: list[StoreTicket] = []
+        transfers: list[BlockTransfer] = []
+        for group in self._chain_groups:
+            keys = chain_keys(hashes, group)
+            ticket = self._store.begin_store(
+                keys[start:full],
+                [keys[i - 1] if i > 0 else None for i in range(start, full)],
+                list(range(start, full)),
+            )
+            tickets.append(ticket)
+            transfers.append(_transfer(group, state.block_ids[group][start:full], ticket.l1_slots))
+        if self._state_groups and computed_after % self._block_size == 0:
+            # The state groups checkpoint their state at block boundaries only.
+            for group in self._state_groups:
+                ticket = self._store.begin_store(
+                    [block_key(hashes[full - 1], group)], [None], [full - 1]
+                )
+                tickets.append(ticket)
+                transfers.append(
+                    _transfer(group, state.block_ids[group][full - 1 : full], ticket.l1_slots)
+                )
+        transfers = [t for t in transfers if t.slots]
+        if not transfers:
+            for ticket in tickets:
+                self._store.abort_store(ticket)
             return
-        transfer = BlockTransfer(
-            group_id=0,
-            gpu_blocks=tuple(b for b, _ in pairs),
-            slots=tuple(s for _, s in pairs),
-        )
-        job = TransferJob(next(self._job_ids), request.request_id, (transfer,))
+        job = TransferJob(next(self._job_ids), request.request_id, tuple(transfers))
         meta.stores.append(job)
-        self._stores_in_flight[job.job_id] = _PendingStore(ticket, self._world_size)
-        self.counters.stored_blocks += len(pairs)
+        self._stores_in_flight[job.job_id] = _PendingStore(tickets, self._world_size)
+        self.counters.stored_blocks += sum(len(t.slots) for t in transfers)
 
     # -- worker feedback ---------------------------------------------------------------
     def on_worker_output(
@@ -212,7 +291,8 @@ class OffloadScheduler:
         for req_id in finished_recving or ():
             lookup = self._loads_in_flight.pop(req_id, None)
             if lookup is not None:
-                self._store.end_load(lookup.ticket)
+                for ticket in lookup.tickets():
+                    self._store.end_load(ticket)
         if worker_meta is None:
             return
         for job_id, count in worker_meta.done.items():
@@ -222,7 +302,8 @@ class OffloadScheduler:
             pending.remaining_workers -= count
             if pending.remaining_workers <= 0:
                 del self._stores_in_flight[job_id]
-                self._store.commit_store(pending.ticket)
+                for ticket in pending.tickets:
+                    self._store.commit_store(ticket)
 
     def request_finished(self, req_id: str) -> None:
         """Forget a finished or aborted request and unpin anything it still holds."""
@@ -235,3 +316,17 @@ class OffloadScheduler:
 
     def shutdown(self) -> None:
         self._store.close()
+
+
+def _transfer(group: int, gpu_blocks: Sequence[int], slots: Sequence[int | None]) -> BlockTransfer:
+    """Pair GPU blocks with slots, skipping unallocated slots and vLLM's null block."""
+    pairs = [
+        (block, slot)
+        for block, slot in zip(gpu_blocks, slots, strict=False)
+        if slot is not None and slot >= 0 and block != NULL_BLOCK
+    ]
+    return BlockTransfer(
+        group_id=group,
+        gpu_blocks=tuple(block for block, _ in pairs),
+        slots=tuple(slot for _, slot in pairs),
+    )
