@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import MakeConfig
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvpool_mmap import HEADER_BYTES, MAX_KEY_BYTES, LayoutMismatchError
 from kvpool_mmap._codec import (
@@ -18,6 +18,7 @@ from kvpool_mmap._codec import (
 )
 
 
+@settings(deadline=None)
 @given(
     key=st.binary(max_size=MAX_KEY_BYTES),
     gen=st.integers(0, 2**64 - 1),
@@ -40,6 +41,7 @@ def test_header_round_trip(key: bytes, gen: int, length: int, checksum: int, dep
     )
 
 
+@settings(deadline=None)
 @given(pos=st.integers(0, 167), bit=st.integers(0, 7))
 def test_any_flipped_bit_in_header_is_detected(pos: int, bit: int) -> None:
     raw = bytearray(encode_header(b"k" * 34, 7, 4096, 123, 2))
@@ -75,6 +77,7 @@ def test_superblock_round_trip_and_errors(make_config: MakeConfig) -> None:
         Superblock.decode(bytes(bad), L2_MAGIC)
 
 
+@settings(deadline=None)
 @given(
     rows=st.lists(
         st.tuples(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvpool_mmap._index import FreeList
 
 
+@settings(deadline=None)
 @given(n=st.integers(1, 64), data=st.data())
 def test_free_list_matches_a_set(n: int, data: st.DataObject) -> None:
     used = data.draw(st.sets(st.integers(0, n - 1)))
