@@ -48,6 +48,7 @@ class MemKVServer:
 
     log_path: Path
     memory: str = "256MiB"
+    lanes: int = 4
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
 
@@ -57,7 +58,7 @@ class MemKVServer:
 
     def start(self) -> MemKVServer:
         cmd = [sys.executable, "-m", "memkv_client.cli", "serve",
-               "--listen", self.address, "--memory", self.memory]  # fmt: skip
+               "--listen", self.address, "--memory", self.memory, "--lanes", str(self.lanes)]  # fmt: skip
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30

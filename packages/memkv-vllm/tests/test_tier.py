@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from memkv_harness import BLOCK, P1, PROMPTS, EngineRun, MemKVServer, tier_config
+from memkv_harness import BLOCK, P1, P3, PROMPTS, EngineRun, MemKVServer, make_prompt, tier_config
 
 
 def _lane_totals(stats: dict[str, Any]) -> dict[str, int]:
@@ -56,4 +57,31 @@ def test_tier_server_restart_between_lookup_and_load_recomputes(
     assert run.tokens(0) == [baseline.tokens(0)[0]]
     assert run.tokens(1) == [baseline.tokens(0)[0]]
     assert run.cached(1) == [0]  # recomputed
+    assert "could not be loaded" in run.log
+
+
+def test_tier_value_evicted_between_lookup_and_load_recomputes(
+    start_engine: Any, tiny_llama: str, baseline: EngineRun, tmp_path: Path
+) -> None:
+    # one lane of 512 KiB holds ~16 chunks of 32 KiB: later stores evict P1's chunks (LRU)
+    memkv = MemKVServer(tmp_path / "small.log", memory="512KiB", lanes=1).start()
+    try:
+        filler = make_prompt(4, 12)
+        spec = {
+            "model": tiny_llama,
+            "kv_transfer_config": tier_config(),
+            "phases": [
+                {"prompts": [P1]},
+                {"reset_connector": True, "prompts": [P3, filler]},
+                # the tier remembers P1's chunks as present; MemKV has evicted them
+                {"reset_connector": True, "prompts": [P1]},
+            ],
+        }
+        run = start_engine(spec, **memkv.env()).result()
+        evictions = sum(int(ln["evictions"]) for ln in memkv.stats()["store"]["lanes"])
+    finally:
+        memkv.stop()
+    assert evictions >= 6, evictions
+    assert run.tokens(2) == [baseline.tokens(0)[0]]
+    assert run.cached(2) == [0]  # recomputed
     assert "could not be loaded" in run.log
