@@ -10,19 +10,27 @@ trace simulator. Pure Python, no dependencies.
 
 from ._version import __version__
 from .admission import AdmissionTracker
+from .belady import BeladyPolicy
 from .lru import LRUPolicy
 from .marconi import REUSE_MODES, MarconiPolicy
 from .policy import EvictionPolicy, PolicyStats, make_policy, policy_names, register_policy
+from .simulator import SimResult, simulate
+from .trace import Request, Trace
 
 __all__ = [
     "REUSE_MODES",
     "AdmissionTracker",
+    "BeladyPolicy",
     "EvictionPolicy",
     "LRUPolicy",
     "MarconiPolicy",
     "PolicyStats",
+    "Request",
+    "SimResult",
+    "Trace",
     "__version__",
     "make_policy",
     "policy_names",
     "register_policy",
+    "simulate",
 ]

@@ -9,6 +9,13 @@ from .simulator import SimResult
 
 __all__ = ["plot_sweep"]
 
+# the reference lines stand out; Marconi variants get the default color cycle
+_STYLES: dict[str, tuple[str, float, str | None]] = {
+    "lru": ("-", 2.4, "black"),
+    "belady": ("--", 2.4, "dimgray"),
+    "auto": ("-", 2.4, "crimson"),
+}
+
 
 def plot_sweep(results: Sequence[SimResult], path: str | Path, title: str) -> None:
     """Write a PNG with one token-hit-rate line per policy over capacity."""
@@ -25,8 +32,7 @@ def plot_sweep(results: Sequence[SimResult], path: str | Path, title: str) -> No
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=100)
     for policy, rows in by_policy.items():
         rows = sorted(rows, key=lambda r: r.capacity)
-        style = "--" if policy == "belady" else ("-" if policy in ("lru", "auto") else ":")
-        width = 2.2 if policy in ("lru", "auto", "belady") else 1.2
+        style, width, color = _STYLES.get(policy, (":", 1.2, None))
         ax.plot(
             [r.capacity for r in rows],
             [100 * r.token_hit_rate for r in rows],
@@ -34,6 +40,7 @@ def plot_sweep(results: Sequence[SimResult], path: str | Path, title: str) -> No
             marker="o",
             markersize=3,
             linewidth=width,
+            color=color,
             label=policy,
         )
     ax.set_xscale("log")
