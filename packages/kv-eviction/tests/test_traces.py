@@ -93,3 +93,21 @@ def test_generators_are_deterministic_and_shaped() -> None:
     firsts = [r.blocks[8] for r in docs.requests if len(r.blocks) > 8]  # first document block
     top = max(set(firsts), key=firsts.count)
     assert firsts.count(top) > len(firsts) / 10  # Zipf: the top document is popular
+
+
+def test_sharegpt_reader_keeps_complete_conversations_of_a_truncated_file(
+    tmp_path: Path,
+) -> None:
+    text = (FIXTURES / "sharegpt_tiny.json").read_text()
+    cut = text.index('"id": "conv_b"') + 40  # inside the second conversation
+    path = tmp_path / "cut.json"
+    path.write_text(text[:cut])
+    trace = read_sharegpt(path, block_size=4)
+    assert sorted(r.input_tokens for r in trace.requests) == [9, 20]  # conv_a only
+
+
+def test_sharegpt_reader_rejects_a_non_list(tmp_path: Path) -> None:
+    path = tmp_path / "x.json"
+    path.write_text('{"id": 1}')
+    with pytest.raises(ValueError, match="JSON list"):
+        read_sharegpt(path)

