@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -27,6 +28,9 @@ import xxhash
 from ._config import StoreConfig, TierConfig
 from ._store import TieredStore
 from ._types import LoadStatus
+
+READY_TIMEOUT_S = 60.0
+"""How long a writer may take to open its store before the run counts as failed."""
 
 
 def block_content(key: bytes, rank: int, stride: int) -> np.ndarray:
@@ -127,8 +131,10 @@ def _spawn_writer(config: StoreConfig, seed: int) -> subprocess.Popen[bytes]:
         stdout=subprocess.PIPE,
     )
     assert proc.stdout is not None
-    if proc.stdout.read(1) != b"r":
-        raise RuntimeError(f"writer exited early with {proc.wait()}")
+    ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
+    if not ready or proc.stdout.read(1) != b"r":
+        proc.kill()
+        raise RuntimeError(f"writer did not start (exit {proc.wait()})")
     return proc
 
 
@@ -144,11 +150,14 @@ def _fork_writer(config: StoreConfig, seed: int) -> int:
             code = 3
         os._exit(code)
     os.close(w)
-    if os.read(r, 1) != b"r":
+    try:
+        ready, _, _ = select.select([r], [], [], READY_TIMEOUT_S)
+        if not ready or os.read(r, 1) != b"r":
+            os.kill(pid, signal.SIGKILL)  # hung (e.g. a lock inherited through fork) or died
+            _, status = os.waitpid(pid, 0)
+            raise RuntimeError(f"writer did not start (status {status})")
+    finally:
         os.close(r)
-        _, status = os.waitpid(pid, 0)
-        raise RuntimeError(f"writer exited early with status {status}")
-    os.close(r)
     return pid
 
 
