@@ -8,9 +8,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import settings
 from kvpool_mmap import HEADER_BYTES, StoreConfig, TierConfig, TieredStore
 
 STRIDE = 4096
+
+# no example database in the checkout, no per-example deadline on a shared 2-core box
+settings.register_profile("kvpool", database=None, deadline=None)
+settings.load_profile("kvpool")
 
 MakeConfig = Callable[..., StoreConfig]
 
