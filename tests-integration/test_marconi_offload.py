@@ -57,6 +57,8 @@ def test_l1_hits_after_prefix_cache_reset_give_identical_tokens(
     assert run.tokens(1) == baseline.tokens(0)
     # vLLM's own cache was emptied: every cached token of phase 2 came from our L1.
     assert run.cached(1) == [full_blocks(PROMPT_A), full_blocks(PROMPT_B)]
+    # The connector's counters say exactly what it served.
+    assert hit_counts(run)["hit_tokens"] == sum(run.cached(1))
     assert hit_percent(run, "l1") > 0
     assert hit_percent(run, "l2") == 0
 

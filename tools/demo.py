@@ -3,7 +3,8 @@
 Builds a tiny random-weight model, starts the server with L1 in /dev/shm and L2 in a local
 directory, replays a multi-turn workload (agents sharing a system prompt, conversations
 that idle and resume, more live context than vLLM's KV cache holds), restarts the server,
-replays again, and prints per-tier hits and TTFT for each replay.
+replays again, and prints per-tier hits and TTFT for each replay, next to the same
+workload on a server without offload.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def conversations(agents: int, turns: int, seed: int = 0) -> list[list[list[int]
         history = list(system)
         prompts = []
         for _ in range(turns):
-            history += [rng.randrange(10, VOCAB) for _ in range(rng.randint(150, 300))]
+            history += [rng.randrange(10, VOCAB) for _ in range(rng.randint(300, 600))]
             prompts.append(list(history))
             history += [rng.randrange(10, VOCAB) for _ in range(16)]  # the reply, as context
         out.append(prompts)
@@ -63,7 +64,7 @@ def counters(server: VllmServer) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workdir", type=Path, default=Path(".work/demo"))
-    parser.add_argument("--agents", type=int, default=6)
+    parser.add_argument("--agents", type=int, default=8)
     parser.add_argument("--turns", type=int, default=3)
     args = parser.parse_args()
     workdir = args.workdir.resolve()
@@ -85,8 +86,15 @@ def main() -> None:
     }
     convs = conversations(args.agents, args.turns)
     rows = []
-    for label in ("first server", "after restart"):
-        server = VllmServer(model, workdir / "server.log", kv_transfer_config=config)
+    runs = (("no offload", None), ("first server", config), ("after restart", config))
+    for label, kv_transfer_config in runs:
+        server = VllmServer(
+            model,
+            workdir / "server.log",
+            kv_transfer_config=kv_transfer_config,
+            kv_cache_memory_bytes=6 << 20,  # ~6k tokens of vLLM KV cache: half the live context
+            max_model_len=4096,
+        )
         print(f"starting vLLM ({label}) on {server.url} ...", flush=True)
         server.start()
         try:

@@ -114,18 +114,17 @@ class OffloadScheduler:
     def lookup(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         """External tokens beyond `num_computed_tokens` ready in L1 (None: ask again)."""
         state = self._requests.setdefault(request.request_id, _RequestState(request))
+        if not state.counted:
+            state.counted = True
+            self.counters.record_lookup(request.num_prompt_tokens)
         if state.lookup is None:
             state.lookup = self._start_lookup(request) if self._enabled else None
             if state.lookup is None:
-                self._count_once(state, request, hit_tiers=[])
                 return 0, False
         tickets = state.lookup.tickets()
         if any(self._store.poll_load(t) is LoadStatus.PENDING for t in tickets):
             return None, False
         state.hit_blocks = self._ready_blocks(state.lookup)
-        chain = state.lookup.chains.get(self._chain_groups[0]) if self._chain_groups else None
-        tiers = chain.tiers if chain is not None else tickets[0].tiers * state.hit_blocks
-        self._count_once(state, request, hit_tiers=tiers[: state.hit_blocks])
         hit = state.hit_blocks * self._block_size - num_computed_tokens
         external = aligned_external_hit_tokens(
             max(hit, 0), num_computed_tokens, self._kv_cache_config, num_tokens=request.num_tokens
@@ -174,18 +173,6 @@ class OffloadScheduler:
                 return blocks
         return 0
 
-    def _count_once(self, state: _RequestState, request: Any, hit_tiers: Sequence[Tier]) -> None:
-        if state.counted:
-            return
-        state.counted = True
-        l1 = sum(1 for tier in hit_tiers if tier is Tier.L1)
-        self.counters.record_request(
-            block_size=self._block_size,
-            prompt_blocks=request.num_prompt_tokens // self._block_size,
-            l1=l1,
-            l2=len(hit_tiers) - l1,
-        )
-
     # -- allocation --------------------------------------------------------------------
     def allocated(self, request: Any, block_ids: tuple[list[int], ...], external: int) -> None:
         """vLLM allocated GPU blocks; queue the L1 -> GPU load of the external tokens."""
@@ -210,6 +197,9 @@ class OffloadScheduler:
         state.lookup = None
         state.stored_blocks = max(state.stored_blocks, end)
         self.counters.loaded_blocks += end - start
+        tiers = _hit_tiers(lookup, end)[start:end]
+        l1 = sum(1 for tier in tiers if tier is Tier.L1)
+        self.counters.record_hit(block_size=self._block_size, l1=l1, l2=len(tiers) - l1)
 
     def _release_lookup(self, state: _RequestState) -> None:
         if state.lookup is not None:
@@ -330,3 +320,12 @@ def _transfer(group: int, gpu_blocks: Sequence[int], slots: Sequence[int | None]
         gpu_blocks=tuple(block for block, _ in pairs),
         slots=tuple(slot for _, slot in pairs),
     )
+
+
+def _hit_tiers(lookup: _Lookup, blocks: int) -> list[Tier]:
+    """Where each of the hit's first `blocks` blocks was found (the first group's view)."""
+    first = next(iter(lookup.chains.values()), None)
+    if first is not None:
+        return first.tiers[:blocks]
+    state = next(iter(lookup.states.values()))
+    return state.tiers[:1] * blocks

@@ -22,10 +22,13 @@ class HitCounters:
     loaded_blocks: int = 0
     stored_blocks: int = 0
 
-    def record_request(self, *, block_size: int, prompt_blocks: int, l1: int, l2: int) -> None:
-        """Count one request's first lookup: `l1` and `l2` blocks of its prompt hit."""
+    def record_lookup(self, prompt_tokens: int) -> None:
+        """Count one request's first lookup."""
         self.requests += 1
-        self.lookup_tokens += prompt_blocks * block_size
+        self.lookup_tokens += prompt_tokens
+
+    def record_hit(self, *, block_size: int, l1: int, l2: int) -> None:
+        """Count a load: `l1` and `l2` blocks served beyond what vLLM's own cache had."""
         self.hit_tokens_l1 += l1 * block_size
         self.hit_tokens_l2 += l2 * block_size
         if l1 and l2:
@@ -37,11 +40,6 @@ class HitCounters:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
-
-    def delta(self, since: Mapping[str, int]) -> dict[str, int]:
-        """Counter increases since the snapshot `since`."""
-        now = self.as_dict()
-        return {key: value - since.get(key, 0) for key, value in now.items()}
 
     def hit_line(self) -> str:
         """The `[CPU-OFFLOAD HIT]` line: token and request hit rates, split by tier."""
