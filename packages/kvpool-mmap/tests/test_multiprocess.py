@@ -74,3 +74,24 @@ def test_workers_create_scheduler_attaches(make_config: MakeConfig) -> None:
             if p.is_alive():
                 p.kill()
     assert not any(cfg.l1_file(r).exists() for r in range(TP))
+
+
+def test_l1_file_recreated_under_the_store_turns_the_cache_off(make_config: MakeConfig) -> None:
+    cfg = make_config(l1_slots=4, l2_slots=16)
+    worker = open_l1_rank(cfg, 0, create=True)
+    store = TieredStore(cfg, create_l1=False)
+    try:
+        t = store.begin_store([key(1)])
+        store.commit_store(t)
+        assert store.lookup([key(1)]) == [Tier.L1]
+        worker.close()
+        worker = open_l1_rank(cfg, 0, create=True)  # a restarted worker makes a new file
+        for _ in range(store.L1_CHECK_EVERY):
+            store.tick()
+        assert store.stats().disabled == 1
+        assert store.lookup([key(1)]) == []  # never hand out slots the worker cannot see
+        assert store.begin_store([key(2)]).l1_slots == [None]
+        assert store.begin_load([key(1)]).keys == []
+    finally:
+        store.close(flush=False)
+        worker.close(unlink=True)

@@ -112,6 +112,10 @@ class StoreEngine:
         self._wt_queue: deque[Entry] = deque()
         self._slot_waiters: deque[Entry] = deque()
         self._closed = False
+        self._ticks = 0
+        self._disabled = ""
+        """Why the cache is off (an L1 file was replaced under the store); empty if on."""
+        self._check_l1_files()
 
     # --- internals: pins and policy membership -------------------------------------
 
@@ -161,6 +165,20 @@ class StoreEngine:
     def _forget(self, e: Entry) -> None:
         if e.empty and self._entries.get(e.key) is e:
             del self._entries[e.key]
+
+    L1_CHECK_EVERY = 256
+    """tick() checks every this many ticks that the L1 files are still the mapped ones."""
+
+    def _check_l1_files(self) -> None:
+        """Turn the cache off (fail safe) if a worker re-created its L1 file after we
+        attached: the store would otherwise promote into memory the worker never sees,
+        and hand out slots the worker writes elsewhere."""
+        if self._disabled:
+            return
+        stale = [str(f.path) for f in self.l1_files if f.replaced()]
+        if stale:
+            self._disabled = f"L1 file(s) re-created after the store attached: {stale}"
+            log.error("kvpool: %s; offloading is off until the engine restarts", self._disabled)
 
     # --- internals: allocation and eviction ----------------------------------------
 

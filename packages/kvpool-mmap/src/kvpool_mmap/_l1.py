@@ -83,6 +83,16 @@ class L1RankFile:
         start = self.data_offset + index * self.stride
         return memoryview(self._mm)[start : start + self.stride]
 
+    def replaced(self) -> bool:
+        """True if the file at `path` is no longer the one mapped here (re-created by
+        another process, or deleted): this mapping no longer shares memory with it."""
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            return True
+        mine = os.fstat(self._fd)
+        return (now.st_ino, now.st_dev) != (mine.st_ino, mine.st_dev)
+
     def torch_view(self) -> Any:
         """torch.uint8 [num_slots, stride] sharing memory with the file (needs torch)."""
         return _cuda.torch_from_numpy(self.array)

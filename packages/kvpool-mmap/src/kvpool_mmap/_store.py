@@ -50,6 +50,8 @@ class TieredStore(StoreEngine):
 
     def _prefix(self, keys: Sequence[bytes]) -> list[Tier]:
         out: list[Tier] = []
+        if self._disabled:
+            return out
         for k in keys:
             e = self._entries.get(k)
             if e is None:
@@ -172,7 +174,7 @@ class TieredStore(StoreEngine):
         seen: set[bytes] = set()
         for i, k in enumerate(keys):
             check_key(k)
-            if k in self._entries or k in seen:
+            if self._disabled or k in self._entries or k in seen:
                 continue
             seen.add(k)
             if not self._admission.observe(k):
@@ -217,6 +219,10 @@ class TieredStore(StoreEngine):
     def tick(self, n: int = 1) -> None:
         """Advance the policies' clocks, reap finished I/O, start queued write-throughs."""
         self._reap()
+        self._ticks += n
+        if self._ticks >= self.L1_CHECK_EVERY:
+            self._ticks = 0
+            self._check_l1_files()
         self._l1_policy.tick(n)
         if self._l2_policy is not None:
             self._l2_policy.tick(n)
@@ -276,6 +282,7 @@ class TieredStore(StoreEngine):
             write_through_queued=len(self._wt_queue),
             inflight_io=self._io.inflight if self._io else 0,
             recovered_blocks=len(self.recovery.blocks),
+            disabled=int(bool(self._disabled)),
             recovery_discarded=self.recovery.corrupt_headers
             + self.recovery.incomplete
             + self.recovery.duplicates

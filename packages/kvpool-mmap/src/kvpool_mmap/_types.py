@@ -99,3 +99,5 @@ class StoreStats:
     inflight_io: int
     recovered_blocks: int
     recovery_discarded: int
+    disabled: int
+    """1 if the store turned itself off (an L1 file was re-created under it; see logs)."""
