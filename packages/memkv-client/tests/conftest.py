@@ -72,6 +72,25 @@ class ServerProcess:
         self.proc.kill()
         self.proc.wait(10)
 
+    def freeze(self) -> None:
+        """SIGSTOP, and wait until every thread of the server has actually stopped."""
+        assert self.proc is not None
+        pid = self.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+
+        def stopped() -> bool:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("T", "t"):
+                    return False
+            return True
+
+        assert wait_until(stopped, attempts=400, delay=0.01), "server did not stop"
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import threading
 import time
@@ -39,8 +38,7 @@ def test_server_killed_mid_batch_then_recovers(fresh_server: ServerProcess) -> N
     assert c.warmup() == []
     value = bytearray(os.urandom(1 << 20))
     # Freeze the server so the batch is certainly in flight when it dies.
-    assert srv.proc is not None
-    os.kill(srv.proc.pid, signal.SIGSTOP)
+    srv.freeze()
     items = [(f"kill/{i}", value, len(value)) for i in range(12)]
     th, box = _run_in_thread(lambda: c.batch_put_views(items))
     assert wait_until(lambda: _rx_queued(srv.port), attempts=200), "batch never reached the server"
@@ -77,7 +75,7 @@ def test_server_killed_mid_get(fresh_server: ServerProcess) -> None:
     assert all(c.batch_put_views([(f"g/{i}", value, len(value)) for i in range(4)]))
     assert srv.proc is not None
     outs = [bytearray(len(value)) for _ in range(4)]
-    os.kill(srv.proc.pid, signal.SIGSTOP)
+    srv.freeze()
     th, box = _run_in_thread(
         lambda: c.batch_get_into([(f"g/{i}", o, len(o)) for i, o in enumerate(outs)])
     )
@@ -183,13 +181,13 @@ def test_frozen_server_times_out_then_recovers(fresh_server: ServerProcess) -> N
     assert srv.proc is not None
     with make_client(srv.address, num_connections=1, request_timeout_ms=300) as c:
         c.put("frz/a", b"1")
-        os.kill(srv.proc.pid, signal.SIGSTOP)
+        srv.freeze()
         try:
             (r,) = c.batch_get_into([("frz/a", bytearray(1), 1)])
             assert r.kind is ResultKind.TRANSPORT
             assert "timed out" in r.cause
             assert c.exists(["frz/a"]) == [False]  # unreachable reads as absent
         finally:
-            os.kill(srv.proc.pid, signal.SIGCONT)
+            srv.thaw()
         assert wait_until(lambda: c.exists(["frz/a"]) == [True], attempts=50, delay=0.1)
         assert c.get("frz/a") == b"1"

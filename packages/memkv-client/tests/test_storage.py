@@ -199,15 +199,18 @@ def test_delete_or_overwrite_during_spill_wins(tmp_path: Path, action: str) -> N
     writer.join(30)
     assert read(store, b"a") == (None if action == "delete" else b"new")
     spilled = store.stats()["spill"]["items"]
+    assert spill.flush()
     assert len(list(tmp_path.glob("*.mkv"))) == spilled  # the stale copy of "a" is gone
     assert store.exists([b"b", b"c"]) == [True, True]
 
 
 def test_spill_capacity_evicts_oldest_file(tmp_path: Path) -> None:
-    store = Store(1 * MB, lanes=1, spill=SpillDir(tmp_path, 2 * MB), prefault=False)
+    spill = SpillDir(tmp_path, 2 * MB)
+    store = Store(1 * MB, lanes=1, spill=spill, prefault=False)
     for i in range(5):
         assert put(store, f"k{i}".encode(), bytes([i]) * MB) is Status.OK
     assert store.exists([f"k{i}".encode() for i in range(5)]) == [False, False, True, True, True]
+    assert spill.flush()
     assert len(list(tmp_path.glob("*.mkv"))) == 2
 
 

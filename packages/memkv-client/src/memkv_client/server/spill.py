@@ -3,6 +3,9 @@
 Files are named ``<counter>.mkv`` and never rewritten; a spilled value is served
 straight from its file (``sendfile``). Spilled data does not survive a restart: the
 directory's ``*.mkv`` files are removed when the server starts and stops.
+
+Removing a file is accounted at once but unlinked by a background thread, so the store
+may call :meth:`SpillDir.remove` while holding its index lock without doing I/O there.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import queue
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +34,23 @@ class SpillDir:
         self._clean()
         self._ids = itertools.count()
         self._lock = threading.Lock()
+        self._doomed: queue.SimpleQueue[str | threading.Event | None] = queue.SimpleQueue()
+        self._reaper = threading.Thread(target=self._reap, name="memkv-spill-reaper", daemon=True)
+        self._reaper.start()
+
+    def _reap(self) -> None:
+        while (item := self._doomed.get()) is not None:
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(item)
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every file removed so far is unlinked."""
+        done = threading.Event()
+        self._doomed.put(done)
+        return done.wait(timeout)
 
     def _clean(self) -> None:
         for f in Path(self.directory).glob("*" + SUFFIX):
@@ -57,10 +78,15 @@ class SpillDir:
         return os.open(path, os.O_RDONLY)
 
     def remove(self, path: str, length: int) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        """Forget a file now (its bytes no longer count); it is unlinked in the background.
+
+        Open descriptors (readers being served) keep the data readable until closed.
+        """
         with self._lock:
             self.used -= length
+        self._doomed.put(path)
 
     def close(self) -> None:
+        self._doomed.put(None)
+        self._reaper.join(30)
         self._clean()
