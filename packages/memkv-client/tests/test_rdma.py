@@ -114,6 +114,23 @@ def test_registered_region_is_used_in_place(
         assert len(fabric.regions) == 2  # the server arena and the client staging pool
 
 
+def test_large_value_posts_in_windows(
+    fabric: Fabric, rdma_server: InProcessServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memkv_client.rdma import RdmaPeer
+
+    monkeypatch.setattr(RdmaPeer, "WINDOW", 3)  # 12 MiB = 48 blocks -> 16 windows
+    with rdma_client(fabric, rdma_server.address, staging_size_mb=32, staging_slot_mb=16) as c:
+        value = os.urandom(12 * MB)
+        assert c.batch_put_views([("win/1", value, len(value))])[0].ok
+        out = bytearray(len(value))
+        assert c.batch_get_into([("win/1", out, len(out))])[0].ok
+        assert out == value
+        fabric.fail_next(1)
+        (r,) = c.batch_get_into([("win/1", out, len(out))])
+        assert r.kind is ResultKind.SERVER  # a failure in the first window stops the item
+
+
 def test_values_larger_than_a_staging_slot_go_over_tcp(
     fabric: Fabric, rdma_server: InProcessServer
 ) -> None:

@@ -336,15 +336,21 @@ class RdmaPeer:
             left -= n
         return segs
 
+    WINDOW = 128  # work requests in flight per queue pair (well below its depth)
+
     def _run(self, posts: list[tuple[bool, MemoryRegion, int, int, int, int]]) -> bool:
-        """Post (is_write, mr, addr, n, raddr, rkey) requests, wait for all; True if all ok."""
-        ids = []
-        for is_write, mr, addr, n, raddr, rkey in posts:
-            wr = next(_wr_ids)
-            ids.append(wr)
-            (self.qp.post_write if is_write else self.qp.post_read)(wr, mr, addr, n, raddr, rkey)
-        done = self.qp.wait(ids, self.r.timeout)
-        return len(done) == len(ids) and all(c.ok for c in done)
+        """Post (is_write, mr, addr, n, raddr, rkey) requests in windows; True if all ok."""
+        for start in range(0, len(posts), self.WINDOW):
+            ids = []
+            for is_write, mr, addr, n, raddr, rkey in posts[start : start + self.WINDOW]:
+                wr = next(_wr_ids)
+                ids.append(wr)
+                post = self.qp.post_write if is_write else self.qp.post_read
+                post(wr, mr, addr, n, raddr, rkey)
+            done = self.qp.wait(ids, self.r.timeout)
+            if len(done) != len(ids) or not all(c.ok for c in done):
+                return False
+        return True
 
     def serve_put(self, store: Store, items: list[tuple[bytes, int, int, int]]) -> list[int]:
         codes: list[int] = []
