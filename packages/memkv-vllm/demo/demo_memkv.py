@@ -66,6 +66,13 @@ def counter(samples: dict[str, float], name: str, **labels: str) -> float:
     return metric_sum(samples, name + "_total", **labels) + metric_sum(samples, name, **labels)
 
 
+def rate(samples: dict[str, float], op: str) -> float:
+    """MB/s of one op's transfer jobs (bytes over summed job time), 0 if none ran."""
+    nbytes = counter(samples, f"vllm:kv_offload_memkv_{op}_bytes")
+    seconds = metric_sum(samples, "vllm:kv_offload_memkv_job_seconds_sum", op=op)
+    return nbytes / seconds / 1e6 if seconds > 0 else 0.0
+
+
 def start_memkv(port: int, log: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "memkv_client.cli", "serve",
            "--listen", f"127.0.0.1:{port}", "--memory", "512MiB"]  # fmt: skip
@@ -130,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
                     int(counter(m, "vllm:kv_offload_memkv_lookups", result="hit")),
                     int(counter(m, "vllm:kv_offload_memkv_lookups", result="miss")),
                     statistics.mean(t for _, t in results[name]) * 1000,
+                    rate(m, "store"),
+                    rate(m, "load"),
                 )
             )
     finally:
@@ -138,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
         memkv.terminate()
         memkv.wait(10)
     header = ("instance", "requests", "prompt tok", "blocks stored", "blocks loaded",
-              "tok from MemKV", "lookup hit", "lookup miss", "TTFT ms")  # fmt: skip
+              "tok from MemKV", "lookup hit", "lookup miss", "TTFT ms", "store MB/s",
+              "load MB/s")  # fmt: skip
     print()
     print("  ".join(f"{h:>13}" for h in header))
     for row in rows:
