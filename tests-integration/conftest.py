@@ -79,9 +79,10 @@ def tiny_qwen3_next(models_dir: Path) -> str:
     return str(tiny_model.build(models_dir / "tiny-qwen3-next", "qwen3-next"))
 
 
-@pytest.fixture
-def run_engine(tmp_path: Path) -> Callable[..., EngineRun]:
+@pytest.fixture(scope="session")
+def run_engine(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., EngineRun]:
     """Run `drivers/generate.py` with a spec; returns its results and log."""
+    tmp_path = tmp_path_factory.mktemp("engines")
     counter = iter(range(1000))
 
     def run(spec: dict[str, Any], timeout: float = 600, **env: str) -> EngineRun:

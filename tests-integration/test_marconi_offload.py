@@ -34,7 +34,7 @@ def full_blocks(prompt: list[int]) -> int:
     return (len(prompt) - 1) // BLOCK * BLOCK
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def baseline(tiny_llama: str, run_engine: Callable[..., EngineRun]) -> EngineRun:
     return run_engine({"model": tiny_llama, "phases": [{"prompts": [PROMPT_A, PROMPT_B]}]})
 

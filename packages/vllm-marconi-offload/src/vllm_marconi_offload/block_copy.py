@@ -81,31 +81,43 @@ class BlockCopier:
     def to_slots(
         self, group_id: int, blocks: Sequence[int], slots: Sequence[int], pool: torch.Tensor
     ) -> None:
-        """Copy GPU `blocks` of one group into rows `slots` of `pool` (uint8 [n, stride])."""
+        """Copy GPU `blocks` of one group into rows `slots` of `pool` (uint8 [n, stride]).
+
+        The group's layers are gathered into one staging tensor next to the KV cache (one
+        gather per layer), which then moves to the pool rows in one transfer.
+        """
         if not blocks:
             return
         layers = self._layers[group_id]
         device = layers[0].view.device
         src_idx = torch.as_tensor(blocks, dtype=torch.long, device=device)
-        dst_idx = torch.as_tensor(slots, dtype=torch.long)
+        width = sum(layer.nbytes for layer in layers)
+        staging = torch.empty((len(blocks), width), dtype=torch.uint8, device=device)
         for layer in layers:
-            gathered = layer.view.index_select(0, src_idx)
-            if gathered.device != pool.device:
-                gathered = gathered.to(pool.device)
-            pool[dst_idx, layer.offset : layer.offset + layer.nbytes] = gathered
+            staging[:, layer.offset : layer.offset + layer.nbytes] = layer.view.index_select(
+                0, src_idx
+            )
+        if staging.device != pool.device:
+            staging = staging.to(pool.device)
+        dst_idx = torch.as_tensor(slots, dtype=torch.long, device=pool.device)
+        pool[:, :width].index_copy_(0, dst_idx, staging)
 
     def from_slots(
         self, group_id: int, slots: Sequence[int], blocks: Sequence[int], pool: torch.Tensor
     ) -> None:
-        """Copy rows `slots` of `pool` into GPU `blocks` of one group."""
+        """Copy rows `slots` of `pool` into GPU `blocks` of one group (one transfer, then
+        one scatter per layer)."""
         if not blocks:
             return
         layers = self._layers[group_id]
         device = layers[0].view.device
+        width = sum(layer.nbytes for layer in layers)
+        src_idx = torch.as_tensor(slots, dtype=torch.long, device=pool.device)
+        staging = pool[:, :width].index_select(0, src_idx)
+        if staging.device != device:
+            staging = staging.to(device)
         dst_idx = torch.as_tensor(blocks, dtype=torch.long, device=device)
-        src_idx = torch.as_tensor(slots, dtype=torch.long)
         for layer in layers:
-            rows = pool[src_idx, layer.offset : layer.offset + layer.nbytes]
-            if rows.device != device:
-                rows = rows.to(device)
-            layer.view.index_copy_(0, dst_idx, rows)
+            layer.view.index_copy_(
+                0, dst_idx, staging[:, layer.offset : layer.offset + layer.nbytes]
+            )

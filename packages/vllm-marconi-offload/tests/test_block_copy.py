@@ -1,0 +1,98 @@
+"""Batched block copies round-trip bytes exactly for every layout vLLM hands a connector."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm_marconi_offload.block_copy import BlockCopier, block_bytes_view
+from vllm_marconi_offload.layout import LayoutError, SlotLayout
+
+NUM_BLOCKS = 16
+
+
+def make_layout(pages: dict[str, int], groups: list[list[str]]) -> SlotLayout:
+    kv_groups = [
+        SimpleNamespace(
+            layer_names=names,
+            kv_cache_spec=SimpleNamespace(
+                page_size_bytes=pages[names[0]], block_size=32, head_size=64
+            ),
+        )
+        for names in groups
+    ]
+    return SlotLayout.from_kv_cache_config(
+        SimpleNamespace(kv_cache_groups=kv_groups, num_blocks=NUM_BLOCKS)
+    )
+
+
+def random_bytes(*shape: int) -> torch.Tensor:
+    return torch.randint(0, 256, shape, dtype=torch.uint8)
+
+
+def test_cpu_backend_layout_round_trips() -> None:
+    # CPU attention: [num_blocks, heads, block_size, 2 * head_size] bf16, one tensor per layer.
+    layers = {
+        f"l{i}": random_bytes(NUM_BLOCKS, 2, 32, 128 * 2).view(torch.bfloat16) for i in range(3)
+    }
+    page = 2 * 32 * 128 * 2
+    layout = make_layout(dict.fromkeys(layers, page), [list(layers)])
+    originals = {name: t.clone() for name, t in layers.items()}
+    pool = torch.zeros(8, layout.stride, dtype=torch.uint8)
+    copier = BlockCopier(layout, layers)
+    copier.to_slots(0, [3, 7, 11], [5, 0, 2], pool)
+    for tensor in layers.values():
+        tensor.zero_()
+    copier.from_slots(0, [5, 0, 2], [1, 2, 3], pool)
+    for name, tensor in layers.items():
+        got, want = tensor.view(torch.uint8), originals[name].view(torch.uint8)
+        assert torch.equal(got[1], want[3])
+        assert torch.equal(got[2], want[7])
+        assert torch.equal(got[3], want[11])
+        assert not got[0].any()  # untouched blocks stay untouched
+
+
+def test_shared_buffer_with_interleaved_layers() -> None:
+    # vLLM >= 0.29 may place all layers of one block next to each other (block-major over
+    # layers): each layer is a strided view into one int8 buffer.
+    page = 4096
+    buffer = random_bytes(NUM_BLOCKS, 2, page)
+    layers = {f"l{i}": buffer[:, i, :].view(NUM_BLOCKS, 4, 32, 32) for i in range(2)}
+    view = block_bytes_view(layers["l1"], NUM_BLOCKS, page)
+    assert torch.equal(view[5], buffer[5, 1])
+    layout = make_layout(dict.fromkeys(layers, page), [["l0"], ["l1"]])
+    pool = torch.zeros(4, layout.stride, dtype=torch.uint8)
+    copier = BlockCopier(layout, layers)
+    copier.to_slots(1, [9], [3], pool)
+    assert torch.equal(pool[3], buffer[9, 1])
+    assert layout.stride == page  # one layer per group: the widest group decides
+
+
+def test_padded_state_pages_copy_whole_page() -> None:
+    # Mamba pages padded to the attention page: an int8 [B, 1, 1, state] view with a
+    # larger block stride. The page size vLLM reports is the padded one.
+    padded, state = 8192, 5000
+    backing = random_bytes(NUM_BLOCKS, padded)
+    tensor = backing[:, :state].view(NUM_BLOCKS, 1, 1, state)
+    view = block_bytes_view(tensor, NUM_BLOCKS, padded)
+    assert torch.equal(view[4], backing[4])
+
+
+def test_kernel_blocks_per_block() -> None:
+    # The first dimension may count kernel blocks, several per vLLM block.
+    tensor = random_bytes(NUM_BLOCKS * 2, 8, 64)
+    view = block_bytes_view(tensor, NUM_BLOCKS, 2 * 8 * 64)
+    assert torch.equal(view[3], tensor[6:8].reshape(-1))
+
+
+def test_non_block_major_layout_is_refused() -> None:
+    tensor = random_bytes(4, NUM_BLOCKS, 64).transpose(0, 1)  # heads outside blocks
+    with pytest.raises(LayoutError, match="not block-major"):
+        block_bytes_view(tensor, NUM_BLOCKS, 4 * 64)
+
+
+def test_missing_layer_is_an_error() -> None:
+    layout = make_layout({"l0": 64}, [["l0"]])
+    with pytest.raises(LayoutError, match="no KV cache tensor for layer l0"):
+        BlockCopier(layout, {})
