@@ -48,7 +48,7 @@ class OffloadStats(KVConnectorStats):  # type: ignore[misc]
     """Counter increments since the last report; all values are ints."""
 
     def reset(self) -> None:
-        self.data = {}
+        self.data: dict[str, Any] = {}
 
     def aggregate(self, other: KVConnectorStats) -> OffloadStats:
         for key, value in other.data.items():

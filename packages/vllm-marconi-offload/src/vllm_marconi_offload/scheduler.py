@@ -292,8 +292,8 @@ class OffloadScheduler:
             pending.remaining_workers -= count
             if pending.remaining_workers <= 0:
                 del self._stores_in_flight[job_id]
-                for ticket in pending.tickets:
-                    self._store.commit_store(ticket)
+                for store_ticket in pending.tickets:
+                    self._store.commit_store(store_ticket)
 
     def request_finished(self, req_id: str) -> None:
         """Forget a finished or aborted request and unpin anything it still holds."""
