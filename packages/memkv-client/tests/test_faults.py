@@ -191,3 +191,65 @@ def test_frozen_server_times_out_then_recovers(fresh_server: ServerProcess) -> N
             srv.thaw()
         assert wait_until(lambda: c.exists(["frz/a"]) == [True], attempts=50, delay=0.1)
         assert c.get("frz/a") == b"1"
+
+
+def test_peer_resetting_connections_yields_transport_results() -> None:
+    """A listener that resets every connection: errors surface as results, never raw."""
+    import struct
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def reset_everything() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()  # RST
+
+    th = threading.Thread(target=reset_everything)
+    th.start()
+    try:
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        with make_client(address, num_connections=2, max_batch_size=1) as c:
+            for _ in range(5):
+                results = c.batch_put_views([(f"rst/{i}", b"v", 1) for i in range(4)])
+                assert [r.kind for r in results] == [ResultKind.TRANSPORT] * 4
+                assert c.exists(["rst/0"]) == [False]
+                outs = [bytearray(1) for _ in range(4)]
+                got = c.batch_get_into([(f"rst/{i}", o, 1) for i, o in enumerate(outs)])
+                assert [r.kind for r in got] == [ResultKind.TRANSPORT] * 4
+    finally:
+        stop.set()
+        th.join(10)
+        listener.close()
+
+
+def test_reset_between_connect_and_hello_is_a_transport_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server dies after the kernel accepted the connection, before HELLO is sent."""
+    import select
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # never accepts: connections complete in the kernel's backlog
+    real = socket.create_connection
+
+    def connect_then_reset(*args: object, **kwargs: object) -> socket.socket:
+        sock = real(*args, **kwargs)  # type: ignore[arg-type]
+        listener.close()  # resets the queued connection
+        assert select.select([sock], [], [], 10)[0], "no reset arrived"
+        return sock
+
+    monkeypatch.setattr(socket, "create_connection", connect_then_reset)
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    with make_client(address, num_connections=1) as c:
+        (r,) = c.batch_put_views([("rst/x", b"v", 1)])
+        assert r.kind is ResultKind.TRANSPORT
+        assert address in r.cause

@@ -200,7 +200,7 @@ class Client:
                         return chunk, pool.run(lambda s: op(s, chunk))
                     except ServerError as exc:
                         return chunk, [ItemResult(ResultKind.SERVER, str(exc))] * len(chunk)
-                    except MemKVError as exc:
+                    except (MemKVError, OSError) as exc:  # OSError: defence in depth
                         return chunk, [ItemResult(ResultKind.TRANSPORT, str(exc))] * len(chunk)
 
                 tasks.append(task)
@@ -246,6 +246,8 @@ class Client:
                         flags = pool.run(lambda s: s.exists([kb[i] for i in chunk]))
                     except MemKVError as exc:
                         return chunk, exc, pool.address
+                    except OSError as exc:  # defence in depth: sessions wrap these
+                        return chunk, TransportError(str(exc)), pool.address
                     return chunk, flags, pool.address
 
                 tasks.append(task)

@@ -25,7 +25,7 @@ from typing import Any
 
 from . import protocol as p
 from .config import Config, Transport
-from .errors import RdmaUnavailableError
+from .errors import MemKVError, RdmaUnavailableError, TransportError
 from .protocol import Op, Status
 from .server.storage import BLOCK_SIZE, Entry, Reservation, Store
 from .session import TcpSession
@@ -149,14 +149,22 @@ class RdmaEngine:
                 self._warned.add(session.address)
                 log.info("memkv: %s has no RDMA; using TCP for it", session.address)
             return session
-        qp = self.backend.create_qp()
+        try:
+            qp = self.backend.create_qp()
+        except Exception as exc:
+            session.close()
+            raise TransportError(f"{session.address}: cannot create a queue pair: {exc}") from None
         try:
             _, reply = session.call(Op.RDMA_CONNECT, qp.endpoint())
             qp.connect(reply)
-        except BaseException:
+        except MemKVError:
             qp.close()
             session.close()
             raise
+        except Exception as exc:  # verbs errors (PyverbsRDMAError, ...)
+            qp.close()
+            session.close()
+            raise TransportError(f"{session.address}: RDMA connect failed: {exc}") from None
         return RdmaSession(session, qp, self)
 
     def close(self) -> None:

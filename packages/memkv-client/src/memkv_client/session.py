@@ -81,9 +81,15 @@ class TcpSession:
             raise MemKVTimeout(f"{address}: connect timed out after {timeout:g}s") from None
         except OSError as exc:
             raise TransportError(f"{address}: connect failed: {exc.strerror or exc}") from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.info = self._hello()
+        except MemKVError:
+            self.close()
+            raise
+        except OSError as exc:
+            self.close()
+            raise TransportError(f"{address}: {exc.strerror or exc}") from None
         except BaseException:
             self.close()
             raise
@@ -159,8 +165,8 @@ class TcpSession:
         self.close()
 
     def _hello(self) -> ServerInfo:
-        rid = self._send(Op.HELLO, p.encode_hello())
         try:
+            rid = self._send(Op.HELLO, p.encode_hello())
             _, meta = self._recv_reply(Op.HELLO, rid)
         except TimeoutError:
             raise MemKVTimeout(f"{self.address}: HELLO timed out") from None
