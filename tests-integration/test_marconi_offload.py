@@ -109,6 +109,43 @@ def test_l2_hits_after_engine_restart(
     assert hit_percent(second, "l2") > 0
 
 
+def test_corrupted_l2_is_recomputed_never_served(
+    tiny_llama: str, run_engine: Callable[..., EngineRun], baseline: EngineRun, tmp_path: Path
+) -> None:
+    from kvpool_mmap import StoreConfig, TierConfig
+
+    l2_dir = tmp_path / "l2"
+    config = connector_config(
+        cpu_pool_path=str(tmp_path / "l1"),
+        cpu_bytes_to_use=64 << 20,
+        l2_pool_path=str(l2_dir),
+        l2_bytes_to_use=16 << 20,
+    )
+    spec = {"model": tiny_llama, "kv_transfer_config": config, "phases": [{"prompts": [PROMPT_A]}]}
+    run_engine(spec)
+    # Flip one byte in every 4 KiB page of the payload region (see kvpool-mmap's README:
+    # superblock page, header table of 256 B per slot, then the payloads).
+    (l2_file,) = l2_dir.glob("*.l2")
+    geometry = StoreConfig(
+        stride=2 * 16384,
+        engine_id="geometry",
+        fingerprint=b"",
+        l1=TierConfig(path=str(tmp_path), bytes_to_use=1 << 20),
+        l2=TierConfig(path=str(l2_dir), bytes_to_use=16 << 20),
+    )
+    payloads = 4096 + -(-geometry.l2_slots * 256 // 4096) * 4096
+    data = bytearray(l2_file.read_bytes())
+    for offset in range(payloads, len(data), 4096):
+        data[offset] ^= 0xFF
+    l2_file.write_bytes(bytes(data))
+
+    after = run_engine(spec)
+    assert after.tokens(0) == baseline.tokens(0)[:1]
+    assert after.cached(0) == [0]  # every L2 block failed its checksum: all recomputed
+    stats = after.last_line("Marconi eviction: stats=")
+    assert int(re.search(r"checksum_failures=(\d+)", stats).group(1)) > 0
+
+
 def test_plugin_name_alone_selects_the_connector(
     tiny_llama: str, run_engine: Callable[..., EngineRun], baseline: EngineRun, tmp_path: Path
 ) -> None:

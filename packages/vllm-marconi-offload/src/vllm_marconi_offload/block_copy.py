@@ -36,7 +36,7 @@ def block_bytes_view(tensor: torch.Tensor, num_blocks: int, nbytes: int) -> torc
             f"divisible by num_blocks={num_blocks}"
         )
     per_block = tensor.shape[0] // num_blocks
-    if not tensor[0].is_contiguous():
+    if not _dense(tensor[0]):
         raise LayoutError(
             f"KV tensor of shape {tuple(tensor.shape)} and stride {tensor.stride()} is not "
             "block-major; set VLLM_KV_CACHE_LAYOUT to a layout whose outer dimension is the "
@@ -44,7 +44,7 @@ def block_bytes_view(tensor: torch.Tensor, num_blocks: int, nbytes: int) -> torc
         )
     item = tensor.element_size()
     block_stride = tensor.stride(0) * per_block * item
-    if per_block > 1 and tensor.stride(0) * item != tensor[0].numel() * item:
+    if per_block > 1 and tensor.stride(0) != tensor[0].numel():
         raise LayoutError("kernel blocks of one vLLM block are not adjacent in memory")
     if nbytes > block_stride:
         raise LayoutError(
@@ -55,6 +55,19 @@ def block_bytes_view(tensor: torch.Tensor, num_blocks: int, nbytes: int) -> torc
     return storage.as_strided(
         (num_blocks, nbytes), (block_stride, 1), tensor.storage_offset() * item
     )
+
+
+def _dense(block: torch.Tensor) -> bool:
+    """True if `block`'s elements fill one gap-free range of memory in some dimension order
+    (e.g. vLLM 0.26 FlashAttention's NHD layout: logical (H, N, 2D), physical (N, H, 2D))."""
+    expected = 1
+    for size, stride in sorted(zip(block.shape, block.stride(), strict=True), key=lambda d: d[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 class BlockCopier:
@@ -77,6 +90,11 @@ class BlockCopier:
             view = block_bytes_view(tensor, layout.num_gpu_blocks, layer.nbytes)
             views.append(LayerBytes(view=view, offset=layer.offset, nbytes=layer.nbytes))
         return views
+
+    @property
+    def layers(self) -> dict[int, list[LayerBytes]]:
+        """Each group's layer views, by group id."""
+        return self._layers
 
     def to_slots(
         self, group_id: int, blocks: Sequence[int], slots: Sequence[int], pool: torch.Tensor

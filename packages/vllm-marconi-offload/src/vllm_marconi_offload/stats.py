@@ -72,10 +72,12 @@ def eviction_line(stats: StoreStats) -> str:
     """The `Marconi eviction: stats=` line.
 
     tracked = blocks the eviction policies track over both tiers (a block held in L1 and
-    written through to L2 counts in each); hoisted = blocks chosen as L1 victims.
+    written through to L2 counts in each); hoisted = blocks chosen as L1 victims;
+    checksum_failures = L2 blocks that failed verification and were treated as misses.
     """
     return (
         f"Marconi eviction: stats=tracked={stats.l1_used + stats.l2_used} "
         f"l1={stats.l1_used} l2={stats.l2_used} demotes={stats.demotions} "
-        f"promotes={stats.promotions} hoisted={stats.l1_evictions}"
+        f"promotes={stats.promotions} hoisted={stats.l1_evictions} "
+        f"checksum_failures={stats.checksum_failures}"
     )

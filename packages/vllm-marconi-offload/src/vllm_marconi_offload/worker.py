@@ -1,23 +1,34 @@
 """Worker side of the connector: copies blocks between the KV cache and L1.
 
-Runs in each vLLM worker process. Loads run in `start_load_kv` (the requests they serve
-wait in WAITING_FOR_REMOTE_KVS, so the forward pass never reads them this step); stores
-run in `wait_for_save`, after the forward, and complete before the step ends, so a GPU
-block is never reused while its copy is still reading it.
+Runs in each vLLM worker process. Loads start in `start_load_kv` (the requests they serve
+wait in WAITING_FOR_REMOTE_KVS, so no forward pass reads them before they are reported);
+stores start in `wait_for_save`, after the forward.
+
+On a CUDA KV cache with a page-locked L1 both run asynchronously (`CudaBlockMover`): a
+load is reported finished, and a store committed, only once its event has completed, so
+the scheduler never unpins or publishes an L1 slot whose copy is still in flight. Later
+kernels wait only for a store's GPU-side gather, never for its PCIe transfer. Elsewhere
+(CPU vLLM, or `VLLM_MARCONI_OFFLOAD_COPY=generic`) `BlockCopier` copies synchronously.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import torch
 from kvpool_mmap import StoreConfig, open_l1_rank
 
 from .block_copy import BlockCopier
+from .cuda_mover import CudaBlockMover, staging_bytes_from_env
 from .layout import SlotLayout
 from .log import logger
 from .metadata import OffloadMetadata, StoreCompletions, TransferJob
+
+COPY_ENV = "VLLM_MARCONI_OFFLOAD_COPY"
+_K = TypeVar("_K")
 
 
 class OffloadWorker:
@@ -28,39 +39,69 @@ class OffloadWorker:
         self._layout = layout
         self._rank = rank
         self._copier: BlockCopier | None = None
+        self._mover: CudaBlockMover | None = None
         self._l1: object | None = None
         self._pool: torch.Tensor | None = None
         self._finished_loads: set[str] = set()
         self._finished_stores: Counter[int] = Counter()
+        self._loads_in_flight: list[tuple[str, list[torch.cuda.Event]]] = []
+        self._stores_in_flight: list[tuple[int, list[torch.cuda.Event]]] = []
 
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         """Map the KV cache tensors and create this rank's L1 file."""
         self._copier = BlockCopier(self._layout, kv_caches)
         l1 = open_l1_rank(self._store_config, rank=self._rank, create=True)
         first = next(iter(kv_caches.values()))
-        if first.is_cuda:
-            l1.register_cuda()
+        registered = bool(first.is_cuda and l1.register_cuda())
         self._l1 = l1
         self._pool = l1.torch_view()
+        if registered and os.environ.get(COPY_ENV, "async") != "generic":
+            self._mover = CudaBlockMover(
+                self._copier.layers, first.device, staging_bytes_from_env()
+            )
         logger.info(
-            "vllm-marconi-offload worker rank %d: L1 %s, %d slots of %d bytes",
+            "vllm-marconi-offload worker rank %d: L1 %s, %d slots of %d bytes, %s copies",
             self._rank,
             l1.path,
             self._pool.shape[0],
             self._pool.shape[1],
+            "async CUDA" if self._mover is not None else "synchronous",
         )
 
     def start_loads(self, meta: OffloadMetadata) -> None:
         for job in meta.loads:
-            self._run(job, load=True)
-            self._finished_loads.add(job.req_id)
+            if self._mover is not None:
+                self._loads_in_flight.append((job.req_id, self._start(job, load=True)))
+            else:
+                self._run(job, load=True)
+                self._finished_loads.add(job.req_id)
 
     def run_stores(self, meta: OffloadMetadata) -> None:
         for job in meta.stores:
-            self._run(job, load=False)
-            self._finished_stores[job.job_id] += 1
-        if meta.stores and self._pool is not None and self._pool.is_cuda:
-            torch.cuda.current_stream().synchronize()
+            if self._mover is not None:
+                self._stores_in_flight.append((job.job_id, self._start(job, load=False)))
+            else:
+                self._run(job, load=False)
+                self._finished_stores[job.job_id] += 1
+
+    def _start(self, job: TransferJob, *, load: bool) -> list[torch.cuda.Event]:
+        assert self._mover is not None
+        assert self._pool is not None
+        events = []
+        for transfer in job.transfers:
+            if load:
+                events.append(
+                    self._mover.load(
+                        transfer.group_id, transfer.slots, transfer.gpu_blocks, self._pool
+                    )
+                )
+            else:
+                events.append(
+                    self._mover.store(
+                        transfer.group_id, transfer.gpu_blocks, transfer.slots, self._pool
+                    )
+                )
+        return events
 
     def _run(self, job: TransferJob, *, load: bool) -> None:
         assert self._copier is not None, "register_kv_caches first"
@@ -76,16 +117,41 @@ class OffloadWorker:
                 )
 
     def take_finished_loads(self) -> set[str] | None:
+        self._loads_in_flight = _collect(self._loads_in_flight, self._finished_loads.add)
         finished, self._finished_loads = self._finished_loads, set()
         return finished or None
 
     def take_store_completions(self) -> StoreCompletions | None:
+        self._stores_in_flight = _collect(self._stores_in_flight, self._count_store)
         if not self._finished_stores:
             return None
         done, self._finished_stores = self._finished_stores, Counter()
         return StoreCompletions(done=done)
 
+    def _count_store(self, job_id: int) -> None:
+        self._finished_stores[job_id] += 1
+
+    def drain(self) -> None:
+        """Block until every transfer issued so far has completed (they are then reported
+        by the next `take_*` call)."""
+        if self._mover is not None:
+            self._mover.synchronize()
+
     def shutdown(self) -> None:
+        self.drain()
         close = getattr(self._l1, "close", None)
         if close is not None:
             close()
+
+
+def _collect(
+    in_flight: list[tuple[_K, list[torch.cuda.Event]]], finished: Callable[[_K], object]
+) -> list[tuple[_K, list[torch.cuda.Event]]]:
+    """Hand every entry whose events have all completed to `finished`; keep the rest."""
+    pending = []
+    for key, events in in_flight:
+        if all(event.query() for event in events):
+            finished(key)
+        else:
+            pending.append((key, events))
+    return pending

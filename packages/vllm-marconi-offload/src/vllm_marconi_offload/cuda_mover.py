@@ -1,0 +1,191 @@
+"""Asynchronous, pipelined block transfers between a CUDA KV cache and page-locked L1 rows.
+
+A batch is cut into chunks of whole blocks. For a store, each chunk's layers are gathered
+into a GPU staging buffer on a gather stream, and the buffer goes to the L1 rows on a copy
+stream in one DMA per run of consecutive slots; a load runs the same pipeline backwards.
+The two streams overlap, so the PCIe link stays busy while the next chunk is gathered,
+and the caller's stream never waits for the host side of a transfer. Each call returns
+an event that completes when the whole batch has landed.
+
+L1 must be page-locked (`cudaHostRegister`): only then are the copies real DMA at the
+link's speed and asynchronous to the host.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .block_copy import LayerBytes
+
+STAGING_ENV = "VLLM_MARCONI_OFFLOAD_STAGING_MIB"
+DEFAULT_STAGING_BYTES = 2 << 30  # whole 16k-token prefill chunk of an 8B model
+CHUNK_BYTES = 128 << 20
+
+
+def slot_runs(slots: Sequence[int]) -> Iterator[tuple[int, int, int]]:
+    """(first position, first slot, length) for each run of consecutive slots."""
+    start = 0
+    for i in range(1, len(slots) + 1):
+        if i == len(slots) or slots[i] != slots[i - 1] + 1:
+            yield start, slots[start], i - start
+            start = i
+
+
+def staging_bytes_from_env() -> int:
+    """GPU bytes the staging ring may use (`VLLM_MARCONI_OFFLOAD_STAGING_MIB`)."""
+    value = os.environ.get(STAGING_ENV)
+    return int(value) << 20 if value else DEFAULT_STAGING_BYTES
+
+
+@dataclass
+class _Buffer:
+    data: torch.Tensor  # uint8 [chunk_blocks, width] on the GPU
+    free: torch.cuda.Event | None = None  # recorded when its last transfer is done
+
+
+class _Ring:
+    """Staging buffers of one width, reused round-robin, allocated on first use."""
+
+    def __init__(self, device: torch.device, width: int, chunk_blocks: int, count: int) -> None:
+        self._device = device
+        self._width = width
+        self.chunk_blocks = chunk_blocks
+        self._count = count
+        self._buffers: list[_Buffer] = []
+        self._next = 0
+
+    def take(self) -> _Buffer:
+        if len(self._buffers) < self._count:
+            data = torch.empty(
+                (self.chunk_blocks, self._width), dtype=torch.uint8, device=self._device
+            )
+            self._buffers.append(_Buffer(data))
+            return self._buffers[-1]
+        buffer = self._buffers[self._next]
+        self._next = (self._next + 1) % self._count
+        return buffer
+
+
+class CudaBlockMover:
+    """Moves blocks of every layer of a KV-cache group between the GPU and L1 rows."""
+
+    def __init__(
+        self,
+        layers: dict[int, list[LayerBytes]],
+        device: torch.device,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
+    ) -> None:
+        self._layers = layers
+        self._device = device
+        self._gather = torch.cuda.Stream(device=device)
+        self._copy = torch.cuda.Stream(device=device)
+        self._rings: dict[int, _Ring] = {}
+        for group_id, group in layers.items():
+            width = sum(layer.nbytes for layer in group)
+            if width == 0:
+                continue
+            chunk = max(1, CHUNK_BYTES // width)
+            count = max(2, staging_bytes // (chunk * width))
+            self._rings[group_id] = _Ring(device, width, chunk, count)
+
+    def store(
+        self, group_id: int, blocks: Sequence[int], slots: Sequence[int], pool: torch.Tensor
+    ) -> torch.cuda.Event:
+        """Copy GPU `blocks` into rows `slots` of `pool`; the event marks completion.
+
+        The caller's stream waits only for the gathers (GPU to GPU), so the blocks may be
+        overwritten by later kernels while the staged bytes are still crossing the link.
+        """
+        caller = torch.cuda.current_stream(self._device)
+        self._gather.wait_stream(caller)
+        ring = self._rings[group_id]
+        layers = self._layers[group_id]
+        for begin in range(0, len(blocks), ring.chunk_blocks):
+            count = min(ring.chunk_blocks, len(blocks) - begin)
+            buffer = ring.take()
+            staged = buffer.data[:count]
+            with torch.cuda.stream(self._gather):
+                if buffer.free is not None:
+                    self._gather.wait_event(buffer.free)
+                index = _index(blocks[begin : begin + count], self._device)
+                for layer in layers:
+                    part = staged.narrow(1, layer.offset, layer.nbytes)
+                    part.copy_(layer.view.index_select(0, index))
+                gathered = torch.cuda.Event()
+                gathered.record(self._gather)
+            with torch.cuda.stream(self._copy):
+                self._copy.wait_event(gathered)
+                _rows_copy(staged, pool, slots[begin : begin + count], to_pool=True)
+                buffer.free = torch.cuda.Event()
+                buffer.free.record(self._copy)
+        caller.wait_stream(self._gather)
+        done = torch.cuda.Event()
+        done.record(self._copy)
+        return done
+
+    def load(
+        self, group_id: int, slots: Sequence[int], blocks: Sequence[int], pool: torch.Tensor
+    ) -> torch.cuda.Event:
+        """Copy rows `slots` of `pool` into GPU `blocks`; the event marks completion.
+
+        The caller must not read the blocks before the event completes (the request waits
+        for its load in WAITING_FOR_REMOTE_KVS until then).
+        """
+        caller = torch.cuda.current_stream(self._device)
+        self._gather.wait_stream(caller)
+        self._copy.wait_stream(caller)
+        ring = self._rings[group_id]
+        layers = self._layers[group_id]
+        for begin in range(0, len(blocks), ring.chunk_blocks):
+            count = min(ring.chunk_blocks, len(blocks) - begin)
+            buffer = ring.take()
+            staged = buffer.data[:count]
+            with torch.cuda.stream(self._copy):
+                if buffer.free is not None:
+                    self._copy.wait_event(buffer.free)
+                _rows_copy(staged, pool, slots[begin : begin + count], to_pool=False)
+                copied = torch.cuda.Event()
+                copied.record(self._copy)
+            with torch.cuda.stream(self._gather):
+                self._gather.wait_event(copied)
+                index = _index(blocks[begin : begin + count], self._device)
+                for layer in layers:
+                    layer.view.index_copy_(0, index, staged.narrow(1, layer.offset, layer.nbytes))
+                buffer.free = torch.cuda.Event()
+                buffer.free.record(self._gather)
+        done = torch.cuda.Event()
+        done.record(self._gather)
+        return done
+
+    def synchronize(self) -> None:
+        """Wait for every transfer issued so far."""
+        self._gather.synchronize()
+        self._copy.synchronize()
+
+
+def _index(blocks: Sequence[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(list(blocks), dtype=torch.long).to(device, non_blocking=True)
+
+
+def _rows_copy(
+    staged: torch.Tensor, pool: torch.Tensor, slots: Sequence[int], *, to_pool: bool
+) -> None:
+    """One asynchronous DMA per run of consecutive slots (per slot if rows are strided)."""
+    width = staged.shape[1]
+    whole_rows = width == pool.shape[1]
+    for first, slot, length in slot_runs(slots):
+        if whole_rows:
+            runs = [(first, slot, length)]
+        else:
+            runs = [(first + k, slot + k, 1) for k in range(length)]
+        for pos, row, n in runs:
+            host = pool[row : row + n, :width]
+            gpu = staged[pos : pos + n]
+            if to_pool:
+                host.copy_(gpu, non_blocking=True)
+            else:
+                gpu.copy_(host, non_blocking=True)
