@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kv_eviction import EvictionPolicy, make_policy, policy_names
 
-POLICIES = ["lru", "marconi"]
+POLICIES = ["lru", "marconi", "auto"]
 
 
 @pytest.fixture(params=POLICIES)

@@ -10,6 +10,7 @@ trace simulator. Pure Python, no dependencies.
 
 from ._version import __version__
 from .admission import AdmissionTracker
+from .auto import AutoPolicy
 from .belady import BeladyPolicy
 from .lru import LRUPolicy
 from .marconi import REUSE_MODES, MarconiPolicy
@@ -20,6 +21,7 @@ from .trace import Request, Trace
 __all__ = [
     "REUSE_MODES",
     "AdmissionTracker",
+    "AutoPolicy",
     "BeladyPolicy",
     "EvictionPolicy",
     "LRUPolicy",

@@ -8,7 +8,8 @@ top: `insert` (new chains; at most N/2 of them, as for `evict`), `touch` (hits w
 a prefix lookup does) and `evict` (`pop_victims(1)`, leaf-first). The cost ratio is
 ns/op at the largest size over ns/op at the smallest. Memory is measured separately
 with tracemalloc (the caller's key objects excluded), after N inserts and N/2 touches.
-`naive sort` is the cost of one victim choice by sorting every key's score, which is
+For `auto`, the tuning overhead is its cost over `marconi`'s, and a rule switch (which
+re-scores every key) is timed once per size. `naive sort` is the cost of one victim choice by sorting every key's score, which is
 what a connector that sorts its free list on each store step pays.
 """
 
@@ -21,12 +22,14 @@ import time
 import tracemalloc
 from collections.abc import Callable, Sequence
 
+from .auto import AutoPolicy
 from .policy import EvictionPolicy, make_policy
 
-DEFAULT_POLICIES = ("lru", "marconi")
+DEFAULT_POLICIES = ("lru", "marconi", "auto")
 POLICY_OPTIONS: dict[str, dict[str, object]] = {
     "lru": {},
     "marconi": {"decay": 0.001, "reuse_mode": "log"},
+    "auto": {},
 }
 
 
@@ -91,6 +94,14 @@ def measure_ops(name: str, size: int, ops: int, chain: int, seed: int) -> dict[s
         return grow
 
     result["evict"] = _timed(do_evict)
+    if isinstance(policy, AutoPolicy):
+        switch_to = policy.candidates[-1]
+
+        def do_switch() -> int:
+            policy.rescore(switch_to, len(policy))
+            return 1
+
+        result["switch"] = _timed(do_switch)
     return result
 
 
@@ -162,6 +173,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         for name, by_size in per_policy.items():
             ratios = " | ".join(f"{by_size[hi][k] / by_size[lo][k]:.2f}x" for k in kinds)
             print(f"| {name} | {ratios} |")
+    if "auto" in per_policy and "marconi" in per_policy:
+        print(
+            "\n| entries | auto / marconi cost: insert | touch | evict | one rule switch (O(n) re-score) |"
+        )
+        print("|---:|---:|---:|---:|---:|")
+        for size in sizes:
+            auto, marconi = per_policy["auto"][size], per_policy["marconi"][size]
+            ratios = " | ".join(f"{auto[k] / marconi[k]:.2f}x" for k in kinds)
+            print(f"| {size:,} | {ratios} | {auto['switch'] / 1e6:,.0f} ms |")
     print("\n| policy | entries | bytes per tracked key (tracemalloc) |")
     print("|---|---:|---:|")
     for name in policies:
