@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from vllm_marconi_offload.block_copy import BlockCopier, block_bytes_view
+from vllm_marconi_offload.cuda_mover import slot_runs
 from vllm_marconi_offload.layout import LayoutError, SlotLayout
 
 NUM_BLOCKS = 16
@@ -96,3 +97,24 @@ def test_missing_layer_is_an_error() -> None:
     layout = make_layout({"l0": 64}, [["l0"]])
     with pytest.raises(LayoutError, match="no KV cache tensor for layer l0"):
         BlockCopier(layout, {})
+
+
+def test_permuted_dense_block_layout_is_accepted() -> None:
+    # vLLM 0.26 FlashAttention with the NHD layout: logical (B, H, N, 2D), physical
+    # (B, N, H, 2D). A block's bytes are still one gap-free range.
+    physical = random_bytes(NUM_BLOCKS, 32, 4, 64 * 2).view(torch.bfloat16)
+    logical = physical.permute(0, 2, 1, 3)
+    page = 32 * 4 * 64 * 2  # bytes: 64 bf16 per row
+    view = block_bytes_view(logical, NUM_BLOCKS, page)
+    assert torch.equal(view[6], physical[6].reshape(-1).view(torch.uint8))
+
+
+def test_block_with_gaps_is_rejected() -> None:
+    sliced = random_bytes(NUM_BLOCKS, 4, 64)[:, :, :32]
+    with pytest.raises(LayoutError):
+        block_bytes_view(sliced, NUM_BLOCKS, 4 * 32)
+
+
+def test_slot_runs_cover_every_slot_once() -> None:
+    assert list(slot_runs([4, 5, 6, 9, 2, 3])) == [(0, 4, 3), (3, 9, 1), (4, 2, 2)]
+    assert list(slot_runs([7])) == [(0, 7, 1)]
