@@ -1,0 +1,114 @@
+"""The random-weight 8B-class Llama used by the GPU benchmarks, and engine settings they share.
+
+Only `config.json` is written; vLLM builds random weights with `load_format="dummy"`.
+KV per token: 32 layers x 8 heads x 128 x 2 (K, V) x 2 bytes = 128 KiB.
+`GPU_BENCH_SMOKE=1` swaps in a 2-layer toy model so the scripts' logic can be checked on
+CPU vLLM before spending device time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+MODEL_DIR = "/tmp/model-8b"
+VOCAB = 32000
+
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": VOCAB,
+    "max_position_embeddings": 65536,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+}
+
+
+SMOKE = os.environ.get("GPU_BENCH_SMOKE") == "1"
+if SMOKE:
+    CONFIG.update(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+    )
+    MODEL_DIR = "/tmp/model-smoke"
+
+KV_BYTES_PER_TOKEN = (
+    int(CONFIG["num_hidden_layers"])
+    * int(CONFIG["num_key_value_heads"])
+    * int(CONFIG["head_dim"])
+    * 4
+)
+
+
+def prepare_environment() -> str:
+    """Write the model folder and set the variables vLLM needs on the GPU host."""
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is not in the kit
+    os.makedirs(MODEL_DIR, exist_ok=True)
+    with open(os.path.join(MODEL_DIR, "config.json"), "w") as f:
+        json.dump(CONFIG, f)
+    return MODEL_DIR
+
+
+def engine_args(**overrides: Any) -> dict[str, Any]:
+    """LLM(...) keyword arguments common to every mode."""
+    args: dict[str, Any] = {
+        "model": MODEL_DIR,
+        "skip_tokenizer_init": True,
+        "load_format": "dummy",
+        "dtype": "bfloat16",
+        "enable_prefix_caching": True,
+        "seed": 0,
+        "enforce_eager": True,
+        "max_num_batched_tokens": 16384,
+    }
+    args.update(overrides)
+    if SMOKE:
+        args.update(kv_cache_memory_bytes=256 << 20, max_model_len=8192)
+        args.pop("gpu_memory_utilization", None)
+    return args
+
+
+def kv_transfer(mode: str, cpu_bytes: int, l2_dir: str | None = None) -> Any:
+    """The KVTransferConfig of `mode`: ours, native (OffloadingConnector), simple, or none."""
+    from vllm.config import KVTransferConfig
+
+    if mode == "ours":
+        extra: dict[str, Any] = {
+            "cpu_bytes_to_use": cpu_bytes,
+            "eviction_policy": "lru",
+            "hit_log_interval": 1,
+        }
+        if l2_dir is not None:
+            extra.update(l2_pool_path=l2_dir, l2_bytes_to_use=4 * cpu_bytes)
+        return KVTransferConfig(
+            kv_connector="MarconiOffloadConnector",
+            kv_connector_module_path="vllm_marconi_offload",
+            kv_role="kv_both",
+            kv_connector_extra_config=extra,
+        )
+    if mode in ("native", "simple"):
+        name = "OffloadingConnector" if mode == "native" else "SimpleCPUOffloadConnector"
+        return KVTransferConfig(
+            kv_connector=name,
+            kv_role="kv_both",
+            kv_connector_extra_config={"cpu_bytes_to_use": cpu_bytes},
+        )
+    return None

@@ -1,0 +1,108 @@
+"""TTFT of one long prompt on real vLLM with the 8B-class random-weight Llama, per mode.
+
+plain:  cold prefill, (a) HBM prefix hit, (d) recompute after the HBM prefix cache reset.
+ours:   cold prefill (with our stores), (b) L1 hit after an HBM reset, then (c) L2 hit
+        after other prompts pushed the prompt out of L1 (L1 5 GiB, L2 on local disk).
+native: cold prefill, (e) vLLM's OffloadingConnector CPU hit after an HBM reset.
+
+One request at a time, max_tokens=1, random token ids. Each mode runs in its own process.
+Usage: python ttft_bench.py MODE [LENGTHS]   (default 4096,16384,32768; $OUT/ttft-MODE.json)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from typing import Any
+
+import model_8b
+import repo_path
+
+SCALE = 1 << 30 if not model_8b.SMOKE else 1 << 20
+L1_BYTES = 5 * SCALE
+PUSH_BYTES = 6 * SCALE  # other prompts' KV that must pass through L1 to push a prompt out
+L2_DIR = "/tmp/kvl2"
+
+
+class Engine:
+    """One LLM instance and its TTFT probe."""
+
+    def __init__(self, mode: str) -> None:
+        from vllm import LLM, SamplingParams
+
+        transfer = model_8b.kv_transfer(mode, L1_BYTES if mode == "ours" else 8 * SCALE, L2_DIR)
+        args = model_8b.engine_args(max_model_len=65536, gpu_memory_utilization=0.85)
+        if transfer is not None:
+            args["kv_transfer_config"] = transfer
+        start = time.time()
+        self.llm = LLM(**args)
+        self.startup_s = round(time.time() - start, 1)
+        self.params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+
+    def ttft(self, ids: list[int]) -> tuple[float, int]:
+        """(milliseconds to the first token, prompt tokens served from a cache)."""
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = self.llm.generate([{"prompt_token_ids": ids}], self.params, use_tqdm=False)[0]
+        return round((time.perf_counter() - start) * 1e3, 1), int(out.num_cached_tokens or 0)
+
+    def reset_hbm(self) -> None:
+        time.sleep(0.5)  # lets in-flight stores commit (the engine steps until they do)
+        self.llm.reset_prefix_cache()
+        time.sleep(0.2)
+
+
+def prompt(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(3, model_8b.VOCAB) for _ in range(n)]
+
+
+def measure(engine: Engine, mode: str, n: int) -> dict[str, Any]:
+    rng = random.Random(n)
+    ids = prompt(rng, n)
+    r: dict[str, Any] = {}
+    r["cold_ms"], _ = engine.ttft(ids)
+    r["hbm_hit_ms"], r["hbm_hit_cached"] = engine.ttft(ids)
+    engine.reset_hbm()
+    key = {"plain": "recompute", "ours": "l1_hit", "native": "cpu_hit"}[mode]
+    r[f"{key}_ms"], r[f"{key}_cached"] = engine.ttft(ids)
+    if mode == "ours":
+        pushers = math.ceil(PUSH_BYTES / (n * model_8b.KV_BYTES_PER_TOKEN))
+        for _ in range(pushers):
+            engine.ttft(prompt(rng, n))
+        engine.reset_hbm()
+        r["l2_hit_ms"], r["l2_hit_cached"] = engine.ttft(ids)
+        r["l2_hit_pushed_prompts"] = pushers
+    other = prompt(rng, n)
+    r["cold2_ms"], _ = engine.ttft(other)
+    return r
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    lengths = [
+        int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "4096,16384,32768").split(",")
+    ]
+    repo_path.add_sources()
+    model_8b.prepare_environment()
+    engine = Engine(mode)
+    result: dict[str, Any] = {"mode": mode, "startup_s": engine.startup_s}
+    engine.ttft(prompt(random.Random(1), 512))  # warm-up
+    for n in lengths:
+        result[str(n)] = measure(engine, mode, n)
+        print(n, result[str(n)], flush=True)
+    print("RESULT " + json.dumps(result), flush=True)
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, f"ttft-{mode}.json"), "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
