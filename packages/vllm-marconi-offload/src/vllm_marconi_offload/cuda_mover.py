@@ -48,25 +48,19 @@ class _Buffer:
 
 
 class _Ring:
-    """Staging buffers of one width, reused round-robin, allocated on first use."""
+    """Staging buffers of one width, allocated up front and reused round-robin."""
 
     def __init__(self, device: torch.device, width: int, chunk_blocks: int, count: int) -> None:
-        self._device = device
-        self._width = width
         self.chunk_blocks = chunk_blocks
-        self._count = count
-        self._buffers: list[_Buffer] = []
+        self._buffers = [
+            _Buffer(torch.empty((chunk_blocks, width), dtype=torch.uint8, device=device))
+            for _ in range(count)
+        ]
         self._next = 0
 
     def take(self) -> _Buffer:
-        if len(self._buffers) < self._count:
-            data = torch.empty(
-                (self.chunk_blocks, self._width), dtype=torch.uint8, device=self._device
-            )
-            self._buffers.append(_Buffer(data))
-            return self._buffers[-1]
         buffer = self._buffers[self._next]
-        self._next = (self._next + 1) % self._count
+        self._next = (self._next + 1) % len(self._buffers)
         return buffer
 
 
@@ -84,12 +78,13 @@ class CudaBlockMover:
         self._gather = torch.cuda.Stream(device=device)
         self._copy = torch.cuda.Stream(device=device)
         self._rings: dict[int, _Ring] = {}
+        share = staging_bytes // max(1, len(layers))  # the groups split the staging budget
         for group_id, group in layers.items():
             width = sum(layer.nbytes for layer in group)
             if width == 0:
                 continue
             chunk = max(1, CHUNK_BYTES // width)
-            count = max(2, staging_bytes // (chunk * width))
+            count = max(2, share // (chunk * width))
             self._rings[group_id] = _Ring(device, width, chunk, count)
 
     def store(
