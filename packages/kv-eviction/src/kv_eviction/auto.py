@@ -28,7 +28,8 @@ more than the noise, the policy falls back to it without waiting. Switching re-s
 every key once, O(n), at most once per epoch. It starts as `lru`.
 
 The capacity is not configured: it is read as the number of tracked keys whenever
-`pop_victims` is called (the owner evicts when the cache is full). Ticks are ignored.
+`pop_victims` is called (the owner evicts when the cache is full); the shadows start
+then, since nothing needs choosing before the first eviction. Ticks are ignored.
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ class CandidatePolicy(ChainHeapPolicy):
         self._last.append(0)
 
     def _priority(self, slot: int, seq: int) -> int:
+        if self.candidate.reuse == "recency":
+            return seq
         key = self.candidate.log_key(
             self._uses[slot], self._depth[slot], self._last[slot], self.capacity
         )
@@ -198,6 +201,7 @@ class AutoPolicy(CandidatePolicy):
         self._current = 0
         self._shift = 0  # sampling rate R = 2**-shift
         self._accesses = 0
+        self._epoch_length = min_epoch
         self._switches = 0
         self._epochs = 0
 
@@ -205,11 +209,13 @@ class AutoPolicy(CandidatePolicy):
 
     def insert(self, key: Hashable, parent: Hashable | None = None, depth: int = 0) -> None:
         super().insert(key, parent, depth)
-        self._observe(key, self._index[key] & _SLOT_MASK)
+        if self.capacity:  # the shadows start once the capacity is known
+            self._observe(key)
 
     def touch(self, key: Hashable) -> None:
         super().touch(key)
-        self._observe(key, self._index[key] & _SLOT_MASK)
+        if self.capacity:
+            self._observe(key)
 
     def pop_victims(self, n: int) -> list[Hashable]:
         size = len(self)
@@ -233,22 +239,21 @@ class AutoPolicy(CandidatePolicy):
 
     # --- tuning ----------------------------------------------------------------------
 
-    def _observe(self, key: Hashable, slot: int) -> None:
-        self._accesses += 1
-        if self._sampled(key, self._shift):
-            limit = (self.capacity >> self._shift) if self.capacity else 0
+    def _observe(self, key: Hashable) -> None:
+        shift = self._shift
+        if shift == 0 or not ((hash(key) * _HASH_MULT) & _MASK64) >> (64 - shift):
+            slot = self._index[key] & _SLOT_MASK
             pslot = self._parent[slot]
             parent = self._keys[pslot] if pslot >= 0 else None
             depth = self._depth[slot]
-            chained = self._shift == 0
+            limit = self.capacity >> shift
+            chained = shift == 0
+            clock = self.clock
             for shadow in self._shadows:
-                shadow.cache.clock = self.clock
+                shadow.cache.clock = clock
                 shadow.access(key, parent, depth, limit, chained)
-        if not self.capacity:
-            # no eviction yet: keep the sample near sample_entries keys as the cache grows
-            while (len(self) >> self._shift) > 2 * self.sample_entries:
-                self._set_shift(self._shift + 1)
-        elif self._accesses >= max(self.capacity, self.min_epoch):
+        self._accesses += 1
+        if self._accesses >= self._epoch_length:
             self._end_epoch()
 
     def _sampled(self, key: Hashable, shift: int) -> bool:
@@ -270,6 +275,7 @@ class AutoPolicy(CandidatePolicy):
             self._set_shift(shift)
         elif shift < self._shift:
             self._shift = shift  # the sample grows back as new keys arrive
+        self._epoch_length = max(capacity, self.min_epoch)
         if self.current.reuse == "recency":
             self.capacity = capacity  # LRU keys do not depend on the capacity
         else:

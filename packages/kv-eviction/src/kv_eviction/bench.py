@@ -3,11 +3,13 @@
     python -m kv_eviction.bench [--sizes 1e5,1e6,1e7] [--ops 200000] [--policies lru,marconi]
 
 Keys are ints grouped in prefix chains of `--chain` blocks. For each policy and size N
-the policy is filled with N keys, then `--ops` operations of each kind are timed on
+the policy is filled with N keys and one victim is popped (so `auto` knows the cache is
+full and runs its shadow caches), then `--ops` operations of each kind are timed on
 top: `insert` (new chains; at most N/2 of them, as for `evict`), `touch` (hits walking whole random chains root to leaf, as
 a prefix lookup does) and `evict` (`pop_victims(1)`, leaf-first). The cost ratio is
 ns/op at the largest size over ns/op at the smallest. Memory is measured separately
-with tracemalloc (the caller's key objects excluded), after N inserts and N/2 touches.
+with tracemalloc (the caller's key objects excluded), after N inserts, one eviction and
+N/2 touches.
 For `auto`, the tuning overhead is its cost over `marconi`'s, and a rule switch (which
 re-scores every key) is timed once per size. `naive sort` is the cost of one victim choice by sorting every key's score, which is
 what a connector that sorts its free list on each store step pays.
@@ -63,6 +65,7 @@ def measure_ops(name: str, size: int, ops: int, chain: int, seed: int) -> dict[s
     grow = min(ops, size // 2)  # inserts and evictions: keep the size within [N/2, 3N/2]
     keys = list(range(size + grow))
     _fill(policy, keys[:size], chain)
+    policy.pop_victims(1)  # the cache is full: `auto` learns its capacity, its shadows start
     new = keys[size:]
     result: dict[str, float] = {}
 
@@ -106,7 +109,7 @@ def measure_ops(name: str, size: int, ops: int, chain: int, seed: int) -> dict[s
 
 
 def measure_bytes(name: str, size: int, chain: int, seed: int) -> float:
-    """Traced bytes per tracked key after `size` inserts and `size // 2` touches."""
+    """Traced bytes per tracked key after `size` inserts, one eviction, `size // 2` touches."""
     rng = random.Random(seed)
     keys = list(range(size))
     touches = [rng.randrange(size) for _ in range(size // 2)]
@@ -115,7 +118,10 @@ def measure_bytes(name: str, size: int, chain: int, seed: int) -> float:
     before = tracemalloc.get_traced_memory()[0]
     policy = make_policy(name, **POLICY_OPTIONS.get(name, {}))
     _fill(policy, keys, chain)
+    policy.pop_victims(1)
     for key in touches:
+        if key not in policy:
+            continue
         policy.touch(key)
     used = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()

@@ -24,6 +24,7 @@ DEFAULT_SWEEP = (
         for mode in ("linear", "log", "none")
         for decay in (0, 0.001, 0.01)
     ),
+    "auto",
     "belady",
 )
 DEFAULT_FRACTIONS = (0.05, 0.1, 0.2, 0.4)
