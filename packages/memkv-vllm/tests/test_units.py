@@ -209,3 +209,17 @@ def test_direct_spec_refuses_pipeline_and_prefill_context_parallelism_and_chunks
         MemKVOffloadingSpec(_offloading_config(pcp=2))
     with pytest.raises(ConfigError, match="remove block_size"):
         MemKVOffloadingSpec(_offloading_config(blocks_per_chunk=4))
+
+
+def test_hash_seed_warning_follows_the_vllm_version(monkeypatch: Any) -> None:
+    from vllm.v1.core import kv_cache_utils
+
+    from memkv_vllm._compat import hash_seed_problem
+
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    assert hash_seed_problem() is None
+    monkeypatch.delenv("PYTHONHASHSEED")
+    if hasattr(kv_cache_utils, "resolve_none_hash_seed"):  # >= 0.29: sha256 is seeded fixed
+        assert hash_seed_problem() is None
+    else:  # <= 0.28: random per process
+        assert "seeds block hashes per process" in (hash_seed_problem() or "")

@@ -10,6 +10,7 @@ Use: ``"spec_name": "CPUTestTieringSpec", "spec_module_path": "cpu_tiering_spec"
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import time
 from typing import Any
@@ -42,6 +43,9 @@ class TorchCopyWorker(OffloadingWorker):
         assert spec.blocks_per_chunk == 1, "scaffolding supports one block per chunk"
         rank = 0 if spec.replicated_layout else spec.config.parallel.rank
         self.region = _open_region(spec, rank)
+        # vLLM passes no barrier here, so the creator unlinks only in cleanup(); make sure
+        # the /dev/shm file goes when the process does
+        atexit.register(self.shutdown)
         base = torch.frombuffer(memoryview(self.region.mmap_obj), dtype=torch.int8)
         num = spec.num_chunks if hasattr(spec, "num_chunks") else spec.num_blocks
         offset = rank * spec.cpu_page_size_per_worker
@@ -81,6 +85,7 @@ class TorchCopyWorker(OffloadingWorker):
         return None
 
     def shutdown(self) -> None:
+        self.pairs = []  # drop our views of the mmap before vLLM's cleanup closes it
         self.region.cleanup()
 
 
