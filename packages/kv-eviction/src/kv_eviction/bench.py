@@ -65,7 +65,9 @@ def measure_ops(name: str, size: int, ops: int, chain: int, seed: int) -> dict[s
     grow = min(ops, size // 2)  # inserts and evictions: keep the size within [N/2, 3N/2]
     keys = list(range(size + grow))
     _fill(policy, keys[:size], chain)
-    policy.pop_victims(1)  # the cache is full: `auto` learns its capacity, its shadows start
+    for victim in policy.pop_victims(1):  # full: `auto` learns its capacity, shadows start
+        assert isinstance(victim, int)
+        policy.insert(victim, victim - 1 if victim % chain else None, victim % chain)
     new = keys[size:]
     result: dict[str, float] = {}
 
