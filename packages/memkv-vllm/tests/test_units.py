@@ -212,9 +212,8 @@ def test_direct_spec_refuses_pipeline_and_prefill_context_parallelism_and_chunks
 
 
 def test_hash_seed_warning_follows_the_vllm_version(monkeypatch: Any) -> None:
-    from vllm.v1.core import kv_cache_utils
-
     from memkv_vllm._compat import hash_seed_problem
+    from vllm.v1.core import kv_cache_utils
 
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     assert hash_seed_problem() is None
