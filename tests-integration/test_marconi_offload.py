@@ -75,6 +75,7 @@ def test_l2_serves_what_l1_evicted(
             cpu_bytes_to_use=l1_bytes,
             l2_pool_path=str(tmp_path / "l2"),
             l2_bytes_to_use=64 << 20,
+            eviction_policy="lru",  # A is the least recently used: L1 must drop it first
         ),
         "phases": [
             {"prompts": [PROMPT_A]},

@@ -18,6 +18,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from . import compat
 from .config import OffloadConfig
+from .cost import LoadCostModel
 from .keys import restart_hash_problem
 from .layout import SlotLayout
 from .log import logger
@@ -64,6 +65,10 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
                 self._block_size,
                 int(parallel.tensor_parallel_size),
                 kv_cache_config,
+                LoadCostModel(
+                    l2_read_bytes_per_s=self._config.l2_read_bytes_per_s,
+                    prefill_tokens_per_s=self._config.prefill_tokens_per_s,
+                ),
             )
             self._warn_if_hashes_change(vllm_config, version)
             logger.info(

@@ -32,6 +32,11 @@ _COUNTERS: dict[str, tuple[str, str, str | None]] = {
         "Blocks copied from the GPU KV cache into L1.",
         None,
     ),
+    "l2_skipped_blocks": (
+        "vllm:marconi_offload_l2_skipped_blocks",
+        "L2 hits recomputed because loading them was estimated slower than prefill.",
+        None,
+    ),
     "evictions_l1": ("vllm:marconi_offload_evictions", "Blocks evicted, by tier.", "l1"),
     "evictions_l2": ("vllm:marconi_offload_evictions", "Blocks evicted, by tier.", "l2"),
     "demotes": ("vllm:marconi_offload_demotions", "Blocks moved from L1 to L2.", None),

@@ -23,6 +23,7 @@ The store's own index decides hits: vLLM's BlockPool is never touched.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ from kvpool_mmap import LoadStatus, LoadTicket, StoreTicket, Tier, TieredStore
 from vllm_kv_astpatch import aligned_external_hit_tokens, hybrid_external_hits_supported
 
 from . import compat
+from .cost import LoadCostModel
 from .keys import block_key, chain_keys
 from .layout import SlotLayout
 from .log import logger
@@ -48,6 +50,9 @@ class _Lookup:
     blocks: int
     chains: dict[int, LoadTicket]
     states: dict[int, LoadTicket]
+    l2_blocks: int = 0
+    started: float = 0.0
+    timed: bool = False
 
     def tickets(self) -> list[LoadTicket]:
         return [*self.chains.values(), *self.states.values()]
@@ -79,8 +84,12 @@ class OffloadScheduler:
         block_size: int,
         world_size: int,
         kv_cache_config: Any,
+        cost: LoadCostModel,
     ) -> None:
         self._store = store
+        self._cost = cost
+        # Bytes read from L2 to promote one block: every group's slot on every rank.
+        self._block_bytes = layout.stride * len(layout.groups) * world_size
         self._block_size = block_size
         self._world_size = world_size
         self._kv_cache_config = kv_cache_config
@@ -114,16 +123,16 @@ class OffloadScheduler:
     def lookup(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         """External tokens beyond `num_computed_tokens` ready in L1 (None: ask again)."""
         state = self._requests.setdefault(request.request_id, _RequestState(request))
-        if not state.counted:
-            state.counted = True
-            self.counters.record_lookup(request.num_prompt_tokens)
         if state.lookup is None:
             state.lookup = self._start_lookup(request) if self._enabled else None
             if state.lookup is None:
+                self._count_lookup(state)
                 return 0, False
         tickets = state.lookup.tickets()
         if any(self._store.poll_load(t) is LoadStatus.PENDING for t in tickets):
             return None, False
+        self._time_promotion(state.lookup)
+        self._count_lookup(state)
         state.hit_blocks = self._ready_blocks(state.lookup)
         hit = state.hit_blocks * self._block_size - num_computed_tokens
         external = aligned_external_hit_tokens(
@@ -132,6 +141,18 @@ class OffloadScheduler:
         if external <= 0:
             return 0, False
         return external, True
+
+    def _count_lookup(self, state: _RequestState) -> None:
+        """Count a request once, when its lookup has an answer (hits follow at allocation)."""
+        if not state.counted:
+            state.counted = True
+            self.counters.record_lookup(state.request.num_prompt_tokens)
+
+    def _time_promotion(self, lookup: _Lookup) -> None:
+        if lookup.l2_blocks and not lookup.timed:
+            lookup.timed = True
+            elapsed = time.monotonic() - lookup.started
+            self._cost.on_promotion(lookup.l2_blocks * self._block_bytes, elapsed)
 
     def _ready_blocks(self, lookup: _Lookup) -> int:
         if any(t.failed for t in lookup.states.values()):
@@ -211,6 +232,7 @@ class OffloadScheduler:
     def build_metadata(self, scheduler_output: Any) -> OffloadMetadata:
         """This step's loads, plus stores of every block that becomes full in it."""
         self._store.tick()
+        self._cost.on_step(scheduler_output.total_num_scheduled_tokens)
         meta = OffloadMetadata(loads=self._loads_to_send)
         self._loads_to_send = []
         if not self._enabled:

@@ -20,6 +20,7 @@ class HitCounters:
     requests_hit_mixed: int = 0
     loaded_blocks: int = 0
     stored_blocks: int = 0
+    l2_skipped_blocks: int = 0
 
     def record_lookup(self, prompt_tokens: int) -> None:
         """Count one request's first lookup."""
@@ -53,7 +54,8 @@ class HitCounters:
             f"(l1={100.0 * self.hit_tokens_l1 / total:.1f}% "
             f"l2={100.0 * self.hit_tokens_l2 / total:.1f}%) "
             f"hit_tokens={self.hit_tokens_l1 + self.hit_tokens_l2} "
-            f"lookup_tokens={self.lookup_tokens}"
+            f"lookup_tokens={self.lookup_tokens} "
+            f"l2_skipped_blocks={self.l2_skipped_blocks}"
         )
 
 
