@@ -67,6 +67,12 @@ _TIER_INIT_PARAMS = frozenset(inspect.signature(SecondaryTierManager.__init__).p
 
 MEDIUM_CPU: Any = getattr(getattr(_base, "Medium", None), "CPU", None)  # 0.27.1+
 LOCALITY_REMOTE: Any = getattr(getattr(_base, "Locality", None), "REMOTE", None)  # 0.26+
+try:  # 0.32+: where a hit came from; MemKV is a remote store, not this host's memory
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+    HIT_SOURCE_REMOTE: Any = CacheHitSource.EXTERNAL_UNSPECIFIED
+except ImportError:
+    HIT_SOURCE_REMOTE = None
 
 
 def vllm_version() -> str:

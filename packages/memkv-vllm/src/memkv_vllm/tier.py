@@ -57,6 +57,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
     """A ``secondary_tiers`` entry ``{"type": "memkv", ...}``; keys in :class:`TierConfig`."""
 
     medium: ClassVar[Any] = c.MEDIUM_CPU
+    cache_hit_source: ClassVar[Any] = c.HIT_SOURCE_REMOTE
 
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
