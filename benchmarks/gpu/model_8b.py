@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any
 
 MODEL_DIR = "/tmp/model-8b"
 VOCAB = 32000
+# Named L1 directory: with an anonymous L1 (no cpu_pool_path) the connector unlinks the file
+# names once mapped, and kvpool-mmap's periodic "L1 file re-created" check (every 256
+# scheduler ticks) then mistakes the missing name for a re-created file and turns
+# offloading off (seen on the H200, docs/benchmarks.md).
+L1_DIR = "/dev/shm/marconi-bench-l1"
 
 CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -67,6 +73,12 @@ def prepare_environment() -> str:
     return MODEL_DIR
 
 
+def fresh_pools(*dirs: str) -> None:
+    """Remove our L1 directory and `dirs` (L2) so a run starts with no stored blocks."""
+    for path in (L1_DIR, *dirs):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def engine_args(**overrides: Any) -> dict[str, Any]:
     """LLM(...) keyword arguments common to every mode."""
     args: dict[str, Any] = {
@@ -92,6 +104,7 @@ def kv_transfer(mode: str, cpu_bytes: int, l2_dir: str | None = None) -> Any:
 
     if mode == "ours":
         extra: dict[str, Any] = {
+            "cpu_pool_path": L1_DIR,
             "cpu_bytes_to_use": cpu_bytes,
             "eviction_policy": "lru",
             "hit_log_interval": 1,

@@ -32,6 +32,7 @@ def main() -> None:
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 4
     repo_path.add_sources()
     model_8b.prepare_environment()
+    model_8b.fresh_pools()
     from vllm import LLM, SamplingParams
 
     args = model_8b.engine_args(
