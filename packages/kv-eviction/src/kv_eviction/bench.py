@@ -6,7 +6,9 @@ Keys are ints grouped in prefix chains of `--chain` blocks. For each policy and 
 the policy is filled with N keys and one victim is popped (so `auto` knows the cache is
 full and runs its shadow caches), then `--ops` operations of each kind are timed on
 top: `insert` (new chains; at most N/2 of them, as for `evict`), `touch` (hits walking whole random chains root to leaf, as
-a prefix lookup does) and `evict` (`pop_victims(1)`, leaf-first). The cost ratio is
+a prefix lookup does) and `evict` (`pop_victims(1)`, leaf-first). Each phase runs in 10
+chunks and the median chunk is reported, which discounts bursts of other load on a
+shared machine (and a one-off `auto` rule switch, whose cost is reported separately). The cost ratio is
 ns/op at the largest size over ns/op at the smallest. Memory is measured separately
 with tracemalloc (the caller's key objects excluded), after N inserts, one eviction and
 N/2 touches.
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import random
+import statistics
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
@@ -28,6 +32,7 @@ from .auto import AutoPolicy
 from .policy import EvictionPolicy, make_policy
 
 DEFAULT_POLICIES = ("lru", "marconi", "auto")
+CHUNKS = 10
 POLICY_OPTIONS: dict[str, dict[str, object]] = {
     "lru": {},
     "marconi": {"decay": 0.001, "reuse_mode": "log"},
@@ -58,6 +63,26 @@ def _timed(fn: Callable[[], int]) -> float:
     return elapsed / max(count, 1)
 
 
+def _timed_chunks(fn: Callable[[int, int], None], total: int, chunks: int = CHUNKS) -> float:
+    """Run `fn(start, stop)` over `total` operations in chunks; median ns per operation.
+
+    The median of the chunks discounts bursts of other load on a shared machine.
+    """
+    bounds = [total * i // chunks for i in range(chunks + 1)]
+    costs = []
+    for start, stop in itertools.pairwise(bounds):
+        if stop > start:
+            gc.disable()
+            try:
+                t0 = time.perf_counter_ns()
+                fn(start, stop)
+                elapsed = time.perf_counter_ns() - t0
+            finally:
+                gc.enable()
+            costs.append(elapsed / (stop - start))
+    return statistics.median(costs)
+
+
 def measure_ops(name: str, size: int, ops: int, chain: int, seed: int) -> dict[str, float]:
     """ns per insert, touch and evict on a policy holding `size` keys."""
     rng = random.Random(seed)
@@ -68,37 +93,34 @@ def measure_ops(name: str, size: int, ops: int, chain: int, seed: int) -> dict[s
     for victim in policy.pop_victims(1):  # full: `auto` learns its capacity, shadows start
         assert isinstance(victim, int)
         policy.insert(victim, victim - 1 if victim % chain else None, victim % chain)
-    new = keys[size:]
     result: dict[str, float] = {}
+    insert = policy.insert
 
-    def do_insert() -> int:
-        _fill(policy, new, chain, start=size)
-        return len(new)
+    def do_insert(start: int, stop: int) -> None:
+        for i in range(size + start, size + stop):
+            depth = i % chain
+            insert(i, i - 1 if depth else None, depth)
 
-    result["insert"] = _timed(do_insert)
+    result["insert"] = _timed_chunks(do_insert, grow)
     chains = (size + grow) // chain
-    order = [rng.randrange(chains) * chain for _ in range(ops // chain + 1)]
+    roots = [rng.randrange(chains) * chain for _ in range(ops // chain)]
     touch = policy.touch
     tick = policy.tick
 
-    def do_touch() -> int:
-        done = 0
-        for root in order:
+    def do_touch(start: int, stop: int) -> None:
+        for root in roots[start:stop]:
             for key in range(root, root + chain):
                 touch(key)
             tick()
-            done += chain
-        return done
 
-    result["touch"] = _timed(do_touch)
+    result["touch"] = _timed_chunks(do_touch, len(roots)) / chain
     pop = policy.pop_victims
 
-    def do_evict() -> int:
-        for _ in range(grow):
+    def do_evict(start: int, stop: int) -> None:
+        for _ in range(stop - start):
             pop(1)
-        return grow
 
-    result["evict"] = _timed(do_evict)
+    result["evict"] = _timed_chunks(do_evict, grow)
     if isinstance(policy, AutoPolicy):
         switch_to = policy.candidates[-1]
 
