@@ -169,6 +169,14 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
     def has_pending_push_work(self) -> bool:
         return self._scheduler is not None and self._scheduler.has_pending_work()
 
+    def reset_cache(self) -> bool:
+        """`reset_prefix_cache(reset_connector=True)`: drop every block nothing is using."""
+        if self._store is None:
+            return True
+        dropped = self._store.clear()
+        logger.info("MarconiOffloadConnector: reset dropped %d blocks from L1 and L2", dropped)
+        return True
+
     @property
     def requires_kv_delivery(self) -> bool:
         return False
