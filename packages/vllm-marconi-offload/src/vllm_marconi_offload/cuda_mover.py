@@ -99,6 +99,8 @@ class CudaBlockMover:
         self._gather.wait_stream(caller)
         ring = self._rings[group_id]
         layers = self._layers[group_id]
+        with torch.cuda.stream(self._gather):
+            indices = _index(blocks, self._device)
         for begin in range(0, len(blocks), ring.chunk_blocks):
             count = min(ring.chunk_blocks, len(blocks) - begin)
             buffer = ring.take()
@@ -106,7 +108,7 @@ class CudaBlockMover:
             with torch.cuda.stream(self._gather):
                 if buffer.free is not None:
                     self._gather.wait_event(buffer.free)
-                index = _index(blocks[begin : begin + count], self._device)
+                index = indices[begin : begin + count]
                 for layer in layers:
                     part = staged.narrow(1, layer.offset, layer.nbytes)
                     part.copy_(layer.view.index_select(0, index))
@@ -135,6 +137,8 @@ class CudaBlockMover:
         self._copy.wait_stream(caller)
         ring = self._rings[group_id]
         layers = self._layers[group_id]
+        with torch.cuda.stream(self._gather):
+            indices = _index(blocks, self._device)
         for begin in range(0, len(blocks), ring.chunk_blocks):
             count = min(ring.chunk_blocks, len(blocks) - begin)
             buffer = ring.take()
@@ -147,7 +151,7 @@ class CudaBlockMover:
                 copied.record(self._copy)
             with torch.cuda.stream(self._gather):
                 self._gather.wait_event(copied)
-                index = _index(blocks[begin : begin + count], self._device)
+                index = indices[begin : begin + count]
                 for layer in layers:
                     layer.view.index_copy_(0, index, staged.narrow(1, layer.offset, layer.nbytes))
                 buffer.free = torch.cuda.Event()
@@ -163,7 +167,13 @@ class CudaBlockMover:
 
 
 def _index(blocks: Sequence[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(list(blocks), dtype=torch.long).to(device, non_blocking=True)
+    """Block ids on the GPU, copied on the current stream without blocking the host.
+
+    The ids go through pinned memory: a copy from pageable memory would first wait for
+    the whole stream (e.g. the forward pass a store waits for) to drain.
+    """
+    ids = torch.tensor(list(blocks), dtype=torch.long).pin_memory()
+    return ids.to(device, non_blocking=True)
 
 
 def _rows_copy(
