@@ -105,3 +105,28 @@ def test_candidate_keys() -> None:
 def test_bad_options(options: dict[str, object], named: str) -> None:
     with pytest.raises(ValueError, match=named):
         make_policy("auto", **options)
+
+
+def test_rules_do_switch_under_random_load_and_victims_stay_leaves() -> None:
+    """The property test's configuration really switches rules (so it tests switching)."""
+    import random
+
+    rng = random.Random(0)
+    policy = AutoPolicy(
+        sample_entries=4, min_epoch=8, switch_margin=0.0, switch_sigmas=0.0, confirm_epochs=1
+    )
+    ref = ReferencePolicy("lru")
+    for i in range(3000):
+        r = rng.random()
+        keys = list(ref.entries)
+        if r < 0.4 or not keys:
+            parent = rng.choice(keys) if keys and rng.random() < 0.5 else None
+            policy.insert(i, parent=parent)
+            ref.insert(i, parent, 0)
+        elif r < 0.7:
+            policy.touch(rng.choice(keys))
+        else:
+            for victim in policy.pop_victims(rng.randint(1, 4)):
+                assert victim in ref.eligible()
+                ref.remove(victim)
+    assert policy.switches > 0
