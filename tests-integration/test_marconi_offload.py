@@ -50,15 +50,19 @@ def test_l1_hits_after_prefix_cache_reset_give_identical_tokens(
         "phases": [
             {"prompts": [PROMPT_A, PROMPT_B]},
             {"reset_prefix_cache": True, "prompts": [PROMPT_A, PROMPT_B]},
+            {"reset_prefix_cache": True, "reset_connector": True, "prompts": [PROMPT_A]},
         ],
     }
     run = run_engine(spec)
     assert run.tokens(0) == baseline.tokens(0)
     assert run.tokens(1) == baseline.tokens(0)
+    # Resetting the connector too empties our tiers: nothing left to serve.
+    assert run.tokens(2) == baseline.tokens(0)[:1]
+    assert run.cached(2) == [0]
     # vLLM's own cache was emptied: every cached token of phase 2 came from our L1.
     assert run.cached(1) == [full_blocks(PROMPT_A), full_blocks(PROMPT_B)]
     # The connector's counters say exactly what it served.
-    assert hit_counts(run)["hit_tokens"] == sum(run.cached(1))
+    assert hit_counts(run)["hit_tokens"] == sum(run.cached(1)) + sum(run.cached(2))
     assert hit_percent(run, "l1") > 0
     assert hit_percent(run, "l2") == 0
 

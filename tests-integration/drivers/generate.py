@@ -2,7 +2,7 @@
 
 Usage: python generate.py SPEC.json. The spec names the model, an optional
 `kv_transfer_config`, and phases: each phase optionally resets vLLM's own prefix cache,
-then generates for its prompts (lists of token ids). The last stdout line is
+(and, with `reset_connector`, the connector's), then generates for its prompts (lists of token ids). The last stdout line is
 `RESULT <json>`: per phase, per prompt, the generated token ids and `num_cached_tokens`.
 """
 
@@ -35,7 +35,7 @@ def run(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
     results = []
     for phase in spec["phases"]:
         if phase.get("reset_prefix_cache"):
-            llm.reset_prefix_cache()
+            llm.reset_prefix_cache(reset_connector=phase.get("reset_connector", False))
         params = SamplingParams(
             max_tokens=phase.get("max_tokens", 8), temperature=0.0, ignore_eos=True
         )
