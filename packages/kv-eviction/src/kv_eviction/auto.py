@@ -25,7 +25,8 @@ row, so near-ties and passing phases cause no churn (a switch costs hits while t
 re-forms); scores are averaged with weight `smoothing` (0.8) on the past. The first
 candidate, `lru`, is the safe default: as soon as its shadow leads the current rule by
 more than the noise, the policy falls back to it without waiting. Switching re-scores
-every key once, O(n), at most once per epoch. It starts as `lru`.
+every key once, 16 keys per later operation (no stall; victims mix both orders until the
+pass ends), at most once per epoch. It starts as `lru`.
 
 The capacity is not configured: it is read as the number of tracked keys whenever
 `pop_victims` is called (the owner evicts when the cache is full); the shadows start
@@ -34,6 +35,7 @@ then, since nothing needs choosing before the first eviction. Ticks are ignored.
 
 from __future__ import annotations
 
+import heapq
 import math
 from array import array
 from collections.abc import Hashable, Sequence
@@ -46,6 +48,8 @@ from .policy import register_policy, reject_unknown_options
 
 __all__ = ["DEFAULT_CANDIDATES", "AutoPolicy", "Candidate", "CandidatePolicy"]
 
+RESCORE_STEP = 16
+"""Keys re-scored per operation after a rule switch."""
 _SEQ_MASK = (1 << SEQ_BITS) - 1
 _SLOT_MASK = (1 << SLOT_BITS) - 1
 _HASH_MULT = 0x9E3779B97F4A7C15
@@ -204,6 +208,8 @@ class AutoPolicy(CandidatePolicy):
         self._epoch_length = min_epoch
         self._switches = 0
         self._epochs = 0
+        self._rescore_next = 0
+        self._rescore_end = 0
 
     # --- what the owner calls --------------------------------------------------------
 
@@ -211,17 +217,61 @@ class AutoPolicy(CandidatePolicy):
         super().insert(key, parent, depth)
         if self.capacity:  # the shadows start once the capacity is known
             self._observe(key)
+        if self._rescore_next < self._rescore_end:
+            self._rescore_step()
 
     def touch(self, key: Hashable) -> None:
         super().touch(key)
         if self.capacity:
             self._observe(key)
+        if self._rescore_next < self._rescore_end:
+            self._rescore_step()
 
     def pop_victims(self, n: int) -> list[Hashable]:
         size = len(self)
         if size > self.capacity * 1.25 or size < self.capacity * 0.8:
             self._resize(size)
+        if self._rescore_next < self._rescore_end:
+            self._rescore_step()
         return super().pop_victims(n)
+
+    def start_rescore(self, candidate: Candidate, capacity: int) -> None:
+        """Switch rule and/or capacity; existing keys are re-keyed a few per operation.
+
+        New inserts and touches use the new rule at once; the keys already tracked are
+        re-scored `RESCORE_STEP` per operation (insert, touch or pop), so a switch never
+        stalls the owner. Until the pass ends, victims mix both rules' orders.
+        """
+        self.candidate = candidate
+        self.capacity = capacity
+        self._rescore_next = 0
+        self._rescore_end = len(self._keys)
+
+    def _rescore_step(self) -> None:
+        index = self._index
+        keys = self._keys
+        children = self._children
+        pins = self._pins
+        heap = self._heap
+        stop = min(self._rescore_next + RESCORE_STEP, self._rescore_end)
+        for slot in range(self._rescore_next, stop):
+            key = keys[slot]
+            item = index.get(key)
+            if item is None or item & _SLOT_MASK != slot:
+                continue  # a free slot or a removed parent
+            seq = (item >> SLOT_BITS) & _SEQ_MASK
+            new = (self._priority(slot, seq) << SLOT_BITS) | slot
+            if new == item:
+                continue  # touched or inserted since the switch: already current
+            item = new
+            index[key] = item
+            if children[slot] or pins[slot]:
+                self._in_heap[slot] = 0
+            else:
+                heapq.heappush(heap, item)
+                self._in_heap[slot] = 1
+        self._rescore_next = stop
+        self._maybe_compact()
 
     @property
     def current(self) -> Candidate:
@@ -279,7 +329,7 @@ class AutoPolicy(CandidatePolicy):
         if self.current.reuse == "recency":
             self.capacity = capacity  # LRU keys do not depend on the capacity
         else:
-            self.rescore(self.current, capacity)
+            self.start_rescore(self.current, capacity)
         limit = capacity >> self._shift
         for shadow in self._shadows:
             shadow.cache.rescore(shadow.cache.candidate, capacity)
@@ -316,7 +366,7 @@ class AutoPolicy(CandidatePolicy):
         self._current = index
         self._lead_epochs = 0
         self._switches += 1
-        self.rescore(self.current, self.capacity)
+        self.start_rescore(self.current, self.capacity)
 
 
 def _build(**options: Any) -> AutoPolicy:
