@@ -5,7 +5,7 @@
 # Each part is < 60 MiB, so one part plus the working tree fits one device run. .gpukit/snap
 # is `git archive HEAD` of packages/ and benchmarks/: the runs measure the committed code.
 set -euo pipefail
-repo=$(git rev-parse --show-toplevel)
+repo=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 here="$repo/benchmarks/gpu"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 cd "$work"
