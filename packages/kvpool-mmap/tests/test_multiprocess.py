@@ -95,3 +95,26 @@ def test_l1_file_recreated_under_the_store_turns_the_cache_off(make_config: Make
     finally:
         store.close(flush=False)
         worker.close(unlink=True)
+
+
+def test_l1_name_removed_after_attach_keeps_the_cache_on(make_config: MakeConfig) -> None:
+    # An anonymous pool: once the worker and the store have it mapped, its name is
+    # removed so nothing is left behind; the shared memory stays and so must the cache.
+    cfg = make_config(l1_slots=4, l2_slots=16)
+    worker = open_l1_rank(cfg, 0, create=True)
+    store = TieredStore(cfg, create_l1=False)
+    try:
+        cfg.l1_file(0).unlink()
+        t = store.begin_store([key(1)])
+        worker.array[t.l1_slots[0]] = 7
+        store.commit_store(t)
+        for _ in range(2 * store.L1_CHECK_EVERY):
+            store.tick()
+        assert store.stats().disabled == 0
+        load = store.begin_load([key(1)])
+        assert load.keys == [key(1)]
+        assert (worker.array[load.l1_slots[0]] == 7).all()
+        store.end_load(load)
+    finally:
+        store.close(flush=False)
+        worker.close()

@@ -84,12 +84,16 @@ class L1RankFile:
         return memoryview(self._mm)[start : start + self.stride]
 
     def replaced(self) -> bool:
-        """True if the file at `path` is no longer the one mapped here (re-created by
-        another process, or deleted): this mapping no longer shares memory with it."""
+        """True if another file now sits at `path` (re-created by another process): this
+        mapping no longer shares memory with the processes that open the path.
+
+        A removed name is not a replacement: every process that mapped the file still
+        shares its memory (callers unlink anonymous pools once all of them have it mapped).
+        """
         try:
             now = os.stat(self.path)
         except FileNotFoundError:
-            return True
+            return False
         mine = os.fstat(self._fd)
         return (now.st_ino, now.st_dev) != (mine.st_ino, mine.st_dev)
 
