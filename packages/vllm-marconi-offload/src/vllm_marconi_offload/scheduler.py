@@ -123,6 +123,9 @@ class OffloadScheduler:
     def lookup(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         """External tokens beyond `num_computed_tokens` ready in L1 (None: ask again)."""
         state = self._requests.setdefault(request.request_id, _RequestState(request))
+        if state.lookup is None and self._local_hit_is_complete(request, num_computed_tokens):
+            self._count_lookup(state)
+            return 0, False  # vLLM's own cache has every block we could offer
         if state.lookup is None:
             state.lookup = self._start_lookup(request) if self._enabled else None
             if state.lookup is None:
@@ -141,6 +144,10 @@ class OffloadScheduler:
         if external <= 0:
             return 0, False
         return external, True
+
+    def _local_hit_is_complete(self, request: Any, num_computed_tokens: int) -> bool:
+        max_blocks = min((request.num_tokens - 1) // self._block_size, len(request.block_hashes))
+        return num_computed_tokens >= max_blocks * self._block_size
 
     def _count_lookup(self, state: _RequestState) -> None:
         """Count a request once, when its lookup has an answer (hits follow at allocation)."""
@@ -161,7 +168,7 @@ class OffloadScheduler:
 
     def _start_lookup(self, request: Any) -> _Lookup | None:
         # Leave at least one token to compute: vLLM needs a forward pass to sample.
-        max_blocks = (request.num_tokens - 1) // self._block_size
+        max_blocks = (request.num_tokens - 1) // self._block_size  # see _local_hit_is_complete
         hashes = list(request.block_hashes[:max_blocks])
         if not hashes or not self._loads_allowed:
             return None
