@@ -10,8 +10,9 @@ Use: ``"spec_name": "CPUTestTieringSpec", "spec_module_path": "cpu_tiering_spec"
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import inspect
+import os
 import time
 from typing import Any
 
@@ -43,9 +44,6 @@ class TorchCopyWorker(OffloadingWorker):
         assert spec.blocks_per_chunk == 1, "scaffolding supports one block per chunk"
         rank = 0 if spec.replicated_layout else spec.config.parallel.rank
         self.region = _open_region(spec, rank)
-        # vLLM passes no barrier here, so the creator unlinks only in cleanup(); make sure
-        # the /dev/shm file goes when the process does
-        atexit.register(self.shutdown)
         base = torch.frombuffer(memoryview(self.region.mmap_obj), dtype=torch.int8)
         num = spec.num_chunks if hasattr(spec, "num_chunks") else spec.num_blocks
         offset = rank * spec.cpu_page_size_per_worker
@@ -86,10 +84,19 @@ class TorchCopyWorker(OffloadingWorker):
 
     def shutdown(self) -> None:
         self.pairs = []  # drop our views of the mmap before vLLM's cleanup closes it
+        self.region._creator = False  # the scheduler side already unlinked the file
         self.region.cleanup()
 
 
 class CPUTestTieringSpec(TieringOffloadingSpec):  # type: ignore[misc]
+    def get_manager(self) -> Any:
+        manager = super().get_manager()
+        # Both sides have mapped the region now (vLLM builds the workers before the
+        # scheduler), so its /dev/shm name can go: no exit path can leak the file.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"/dev/shm/vllm_offload_{self.config.engine_id}.mmap")
+        return manager
+
     def get_worker(self, kv_caches: Any) -> OffloadingWorker:
         if getattr(self, "_cpu_test_worker", None) is None:
             self._cpu_test_worker = TorchCopyWorker(self, kv_caches)
