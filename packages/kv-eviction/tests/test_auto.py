@@ -130,3 +130,20 @@ def test_rules_do_switch_under_random_load_and_victims_stay_leaves() -> None:
                 assert victim in ref.eligible()
                 ref.remove(victim)
     assert policy.switches > 0
+
+
+def test_an_incremental_switch_ends_in_the_new_rules_exact_order() -> None:
+    from kv_eviction.auto import CandidatePolicy
+
+    lfu = Candidate("lfu", reuse="linear", decay_per_turnover=1.0)
+    auto, reference = AutoPolicy(), CandidatePolicy(lfu, capacity=100)
+    for policy in (auto, reference):
+        for key in range(100):
+            policy.insert(key)
+        for key in range(100):
+            for _ in range(key % 5):
+                policy.touch(key)
+    auto.start_rescore(lfu, 100)
+    for _ in range(7):  # 7 operations x 16 keys >= 100 slots
+        assert auto.pop_victims(0) == []
+    assert auto.pop_victims(100) == reference.pop_victims(100)
