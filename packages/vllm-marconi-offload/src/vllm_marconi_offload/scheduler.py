@@ -147,7 +147,7 @@ class OffloadScheduler:
 
     def _local_hit_is_complete(self, request: Any, num_computed_tokens: int) -> bool:
         max_blocks = min((request.num_tokens - 1) // self._block_size, len(request.block_hashes))
-        return num_computed_tokens >= max_blocks * self._block_size
+        return bool(num_computed_tokens >= max_blocks * self._block_size)
 
     def _count_lookup(self, state: _RequestState) -> None:
         """Count a request once, when its lookup has an answer (hits follow at allocation)."""
