@@ -23,6 +23,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
 import tiny_model  # noqa: E402
+from vllm_env import offline_engine_env  # noqa: E402
 
 BLOCK = 32
 VOCAB = tiny_model.SAFE_VOCAB
@@ -62,19 +63,7 @@ def vllm_release() -> tuple[int, ...]:
 
 
 def engine_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        PYTHONHASHSEED="0",
-    )
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(HERE / "sitecustomize"), env.get("PYTHONPATH", "")) if p
-    )
-    env.update(extra)
-    return env
+    return offline_engine_env(**extra)
 
 
 @pytest.fixture(scope="session")

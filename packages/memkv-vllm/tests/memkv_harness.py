@@ -9,7 +9,6 @@ vLLM's primary CPU tier) on ``PYTHONPATH``.
 from __future__ import annotations
 
 import json
-import os
 import random
 import socket
 import subprocess
@@ -24,10 +23,10 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 SCAFFOLD = HERE / "scaffold"
-SITECUSTOMIZE = ROOT / "tests-integration" / "sitecustomize"
 sys.path.insert(0, str(ROOT / "tools"))
 
 import tiny_model  # noqa: E402  (the shared builder in tools/)
+from vllm_env import offline_engine_env  # noqa: E402
 
 __all__ = ["tiny_model"]  # re-exported for conftest.py
 
@@ -97,19 +96,7 @@ class MemKVServer:
 
 
 def engine_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        PYTHONHASHSEED="0",
-    )
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(SITECUSTOMIZE), str(SCAFFOLD), env.get("PYTHONPATH", "")) if p
-    )
-    env.update(extra)
-    return env
+    return offline_engine_env(SCAFFOLD, **extra)
 
 
 @dataclass

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
 
-from memkv_harness import P1, P3, ROOT, SCAFFOLD, SITECUSTOMIZE, MemKVServer, tier_config
+from memkv_harness import P1, P3, ROOT, MemKVServer, engine_env, tier_config
 
 sys.path.insert(0, str(ROOT / "tools"))
 
@@ -21,16 +20,8 @@ def _total(samples: dict[str, float], name: str, **labels: str) -> float:
 def test_tier_metrics_appear_in_prometheus(
     memkv: MemKVServer, tiny_llama: str, tmp_path: Path
 ) -> None:
-    env = {
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "PYTHONHASHSEED": "0",
-        "PYTHONPATH": os.pathsep.join(
-            p for p in (str(SITECUSTOMIZE), str(SCAFFOLD), os.environ.get("PYTHONPATH")) if p
-        ),
-        **memkv.env(),
-    }
+    env = engine_env(**memkv.env())
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # a real server: engine in its own process
     server = VllmServer(
         model=tiny_llama, log_path=tmp_path / "vllm.log", kv_transfer_config=tier_config(), env=env
     )
