@@ -12,7 +12,6 @@ import random
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,29 +22,10 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
 import tiny_model  # noqa: E402
-from vllm_env import offline_engine_env  # noqa: E402
+from vllm_env import EngineRun, offline_engine_env  # noqa: E402
 
 BLOCK = 32
 VOCAB = tiny_model.SAFE_VOCAB
-
-
-@dataclass
-class EngineRun:
-    """What one engine process produced: per phase, per prompt outputs; and its log."""
-
-    phases: list[list[dict[str, Any]]]
-    log: str
-
-    def tokens(self, phase: int) -> list[list[int]]:
-        return [out["tokens"] for out in self.phases[phase]]
-
-    def cached(self, phase: int) -> list[int]:
-        return [out["cached"] for out in self.phases[phase]]
-
-    def last_line(self, marker: str) -> str:
-        lines = [line for line in self.log.splitlines() if marker in line]
-        assert lines, f"no log line contains {marker!r}"
-        return lines[-1]
 
 
 def vllm_release() -> tuple[int, ...]:

@@ -26,7 +26,7 @@ SCAFFOLD = HERE / "scaffold"
 sys.path.insert(0, str(ROOT / "tools"))
 
 import tiny_model  # noqa: E402  (the shared builder in tools/)
-from vllm_env import offline_engine_env  # noqa: E402
+from vllm_env import EngineRun, offline_engine_env  # noqa: E402
 
 __all__ = ["tiny_model"]  # re-exported for conftest.py
 
@@ -97,18 +97,6 @@ class MemKVServer:
 
 def engine_env(**extra: str) -> dict[str, str]:
     return offline_engine_env(SCAFFOLD, **extra)
-
-
-@dataclass
-class EngineRun:
-    phases: list[list[dict[str, Any]]]
-    log: str
-
-    def tokens(self, phase: int) -> list[list[int]]:
-        return [out["tokens"] for out in self.phases[phase]]
-
-    def cached(self, phase: int) -> list[int]:
-        return [out["cached"] for out in self.phases[phase]]
 
 
 class Engine:
