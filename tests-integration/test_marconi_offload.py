@@ -93,6 +93,35 @@ def test_l2_serves_what_l1_evicted(
     assert hit_percent(run, "l2") > 0
 
 
+def test_l2_hit_is_recomputed_when_loading_it_would_be_slower(
+    tiny_llama: str, run_engine: Callable[..., EngineRun], baseline: EngineRun, tmp_path: Path
+) -> None:
+    """The scenario above on a disk assumed to read 1 byte/s: reading 512 KiB would take days,
+    so the connector must let vLLM recompute, and say so."""
+    others = [make_prompt(seed=100 + i, blocks=16) for i in range(4)]
+    spec = {
+        "model": tiny_llama,
+        "kv_transfer_config": connector_config(
+            cpu_pool_path=str(tmp_path / "l1"),
+            cpu_bytes_to_use=24 * 32768,
+            l2_pool_path=str(tmp_path / "l2"),
+            l2_bytes_to_use=64 << 20,
+            eviction_policy="lru",
+            l2_read_bytes_per_s=1,
+        ),
+        "phases": [
+            {"prompts": [PROMPT_A]},
+            {"prompts": others},
+            {"reset_prefix_cache": True, "prompts": [PROMPT_A]},
+        ],
+    }
+    run = run_engine(spec)
+    assert run.tokens(2) == baseline.tokens(0)[:1]
+    assert run.cached(2) == [0]
+    assert hit_counts(run)["l2_skipped_blocks"] == full_blocks(PROMPT_A) // BLOCK
+    assert hit_percent(run, "l2") == 0
+
+
 def test_l2_hits_after_engine_restart(
     tiny_llama: str, run_engine: Callable[..., EngineRun], baseline: EngineRun, tmp_path: Path
 ) -> None:

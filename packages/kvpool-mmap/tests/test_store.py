@@ -457,3 +457,47 @@ def test_promotions_do_not_queue_behind_write_through(
     s.end_load(load)
     settle(s)
     check_invariants(s)
+
+
+def test_promotion_waits_for_slots_held_by_write_through(
+    make_config: MakeConfig, store_factory: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every L1 slot holds a block whose write-through is still in flight when an L2 hit
+    arrives. Those blocks are victims like any other; the promotion waits for their
+    writes to land instead of failing (on a slow disk it used to be a miss)."""
+    import threading
+
+    from kvpool_mmap._io import BlockMover
+
+    s = store_factory(make_config(l1_slots=4, l2_slots=32, io_threads=1))
+    put_chain(s, [0, 1, 2, 3])
+    settle(s)
+    gate = threading.Event()
+    write = BlockMover.write_block
+
+    def gated(self: BlockMover, *args: object) -> list[int]:
+        gate.wait(10)
+        return write(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BlockMover, "write_block", gated)
+    assert put_chain(s, [4, 5, 6, 7]) == 4  # 0..3 leave L1; 4..7's write-throughs hang
+    assert s.lookup([key(i) for i in range(4)]) == [Tier.L2] * 4
+    load = s.begin_load([key(i) for i in range(4)])
+    assert load.failed == []
+    assert s.poll_load(load) is LoadStatus.PENDING
+    gate.set()
+    assert s.wait_load(load, timeout=10) is LoadStatus.READY
+    assert load.promotion_seconds > 0  # what a caller's cost model learns the L2 rate from
+    for i, slot in enumerate(load.l1_slots):
+        np.testing.assert_array_equal(s.l1_files[0].array[slot], block(i)[0])
+    s.end_load(load)
+    settle(s)
+    check_invariants(s)
+    # The blocks evicted mid-write reached L2 intact.
+    assert s.lookup([key(i) for i in range(4, 8)]) == [Tier.L2] * 4
+    assert_blocks(s, [4, 5, 6, 7])
+    check_invariants(s)
+    l1_only = s.begin_load([key(7)])
+    assert l1_only.tiers == [Tier.L1]
+    assert l1_only.promotion_seconds == 0
+    s.end_load(l1_only)

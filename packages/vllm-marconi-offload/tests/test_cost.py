@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_marconi_offload.cost import LoadCostModel
+from vllm_marconi_offload.cost import PROBE_AFTER_SKIPS, LoadCostModel
 
 
 class FakeClock:
@@ -43,3 +43,14 @@ def test_small_steps_do_not_count_as_prefill() -> None:
         model.on_step(8)  # decode steps
         clock.now += 0.05
     assert model.prefill_tokens_per_s == 0.0
+
+
+def test_a_skipped_tier_is_probed_again() -> None:
+    clock = FakeClock()
+    model = LoadCostModel(l2_read_bytes_per_s=1e6, prefill_tokens_per_s=0.0, clock=clock)
+    model.on_step(10_000)
+    clock.now += 0.1
+    model.on_step(0)  # 100k tokens/s: 1 MiB from a 1 MB/s disk loses to 512 tokens
+    decisions = [model.worth_loading(l2_bytes=1 << 20, tokens=512) for _ in range(40)]
+    probes = [i for i, load in enumerate(decisions) if load]
+    assert probes == [PROBE_AFTER_SKIPS, 2 * PROBE_AFTER_SKIPS + 1]

@@ -142,8 +142,16 @@ class StoreEngine:
         if e.l1_pins == 0:
             if self._l1_tracked(e):
                 self._l1_policy.unpin(e.key)
-            elif e.evicting and e.l2_state != SlotState.WRITING:
+            elif e.evicting and e.l1_jobs == 0:
                 self._free_l1(e)
+        self._forget(e)
+
+    def _end_l1_job(self, e: Entry) -> None:
+        """An L2 write that read e's L1 slot finished: free the slot if it was evicted."""
+        e.l1_jobs -= 1
+        assert e.l1_jobs >= 0
+        if e.evicting and e.l1_jobs == 0 and e.l1_pins == 0:
+            self._free_l1(e)
         self._forget(e)
 
     def _l2_pin(self, e: Entry) -> None:
@@ -215,8 +223,11 @@ class StoreEngine:
             self._start_read(e, self._l1_free.pop())
 
     def _evict_l1(self, e: Entry) -> int:
-        """Evict a popped L1 victim; 1 if its slot frees later (demotion), else 0."""
+        """Evict a popped L1 victim; 1 if its slot frees later (an L2 write lands), else 0."""
         self._counters["l1_evictions"] += 1
+        if e.l1_jobs:  # its write-through is in flight: the slot frees when that lands
+            e.evicting = True
+            return 1
         if not self.l2_files or e.l2_readable:
             self._free_l1(e)
             self._forget(e)
@@ -284,7 +295,7 @@ class StoreEngine:
         gen = self._gen
         self._gen += 1
         e.l2, e.l2_state = l2_slot, SlotState.WRITING
-        self._l1_pin(e)
+        e.l1_jobs += 1
         fn = partial(self._mover.write_block, e.l1, l2_slot, e.key, gen, e.depth)
         self._submit(_WRITE, e, l2_slot, fn)
 
@@ -340,7 +351,7 @@ class StoreEngine:
             e.l2_state = SlotState.VALID  # so _drop_l2 treats it uniformly
             e.l2 = slot
             self._drop_l2(e)
-        self._l1_unpin(e)
+        self._end_l1_job(e)
 
     def _read_done(self, e: Entry, c: Completion) -> None:
         waiters = self._waiters.pop(e.key, [])
@@ -363,6 +374,7 @@ class StoreEngine:
         self._l2_unpin(e)
         for t in waiters:
             t.pending -= 1
+            t.promoted_at = max(t.promoted_at, c.finished)
             if not ok:
                 t.failed.append(e.key)
             else:

@@ -29,6 +29,7 @@ class Entry:
         "evicting",
         "key",
         "l1",
+        "l1_jobs",
         "l1_pins",
         "l1_state",
         "l2",
@@ -45,8 +46,11 @@ class Entry:
         self.l1 = -1
         self.l1_state = SlotState.NONE
         self.l1_pins = 0
+        self.l1_jobs = 0
+        """L2 writes in flight that read the L1 slot: it is neither freed nor reused
+        until they finish, but (unlike a pin) they do not keep it from being a victim."""
         self.evicting = False
-        """L1 copy chosen as a victim while not yet in L2: demotion in flight."""
+        """L1 copy chosen as a victim; its slot frees once no pin or L2 write holds it."""
         self.l2 = -1
         self.l2_state = SlotState.NONE
         self.l2_pins = 0
@@ -69,6 +73,7 @@ class Entry:
             self.l1_state == SlotState.NONE
             and self.l2_state == SlotState.NONE
             and self.l1_pins == 0
+            and self.l1_jobs == 0
             and self.l2_pins == 0
         )
 

@@ -90,6 +90,8 @@ class Completion:
     result: Any
     error: BaseException | None
     urgent: bool = False
+    finished: float = 0.0
+    """time.monotonic() when the job ended (on its I/O thread)."""
 
 
 class IoEngine:
@@ -150,7 +152,8 @@ class IoEngine:
 
         def done(f: cf.Future[Any]) -> None:
             err = f.exception()
-            self._done.put(Completion(job, None if err else f.result(), err, urgent))
+            result = None if err else f.result()
+            self._done.put(Completion(job, result, err, urgent, time.monotonic()))
 
         fut.add_done_callback(done)
 

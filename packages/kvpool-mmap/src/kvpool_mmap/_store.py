@@ -11,8 +11,10 @@ except close/flush/wait_load):
    admitted, already stored, or no space). The worker writes the slots; then
    commit_store(ticket) (or abort_store) makes them visible and queues the write-through.
 
-Guarantees: a pinned slot (being written, promoted, demoted, loaded) is never evicted or
-reused; an L2 slot is never read before its write completed (the index marks it VALID only
+Guarantees: a pinned slot (being written by the worker, promoted, loaded) is never evicted;
+no slot is reused while anything uses it (an L2 write reading it included: a victim whose
+write-through is in flight frees its slot when the write lands, and a promotion waiting
+for that slot waits rather than fails); an L2 slot is never read before its write completed (the index marks it VALID only
 when the write job has finished); jobs on one L2 slot run in submission order; a promotion
 whose checksum fails is reported in ticket.failed, counted, logged, and its L2 copy dropped.
 """
@@ -74,7 +76,9 @@ class TieredStore(StoreEngine):
         tiers = self._prefix(keys)
         n = len(tiers)
         entries = [self._entries[k] for k in keys[:n]]
-        ticket = LoadTicket(self._new_id(), list(keys[:n]), tiers, [-1] * n)
+        ticket = LoadTicket(
+            self._new_id(), list(keys[:n]), tiers, [-1] * n, started=time.monotonic()
+        )
         pins: list[Entry] = []
         self._ticket_pins[ticket.id] = pins
         promote: list[Entry] = []

@@ -40,6 +40,15 @@ class LoadTicket:
     pending: int = 0
     """Promotions still running."""
     closed: bool = False
+    started: float = 0.0
+    """time.monotonic() at begin_load."""
+    promoted_at: float = 0.0
+    """time.monotonic() when its last promotion finished on the I/O threads (0: none)."""
+
+    @property
+    def promotion_seconds(self) -> float:
+        """Time its L2 blocks took to reach L1, scheduler polling excluded (0: none)."""
+        return max(self.promoted_at - self.started, 0.0) if self.promoted_at else 0.0
 
     @property
     def ready_prefix(self) -> int:

@@ -4,7 +4,9 @@ A disk tier only pays off when reading a block is faster than prefilling its tok
 slow disk with a fast GPU it is not (vLLM's own fs tier made a 32k-token TTFT up to 2.3x
 slower than recomputing). Both rates are measured online, as exponentially weighted
 averages: prefill throughput from the scheduler's step times, L2 read throughput from the
-promotions the store completes. Until prefill has been measured, hits are loaded.
+promotions the store completes. Until prefill has been measured, hits are loaded. A
+skipped tier teaches the model nothing, so after `PROBE_AFTER_SKIPS` skips in a row one hit
+is loaded anyway to measure the disk again (it may have been busy, or the page cache warm).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ SMOOTHING = 0.2
 # Steps with fewer scheduled tokens say more about fixed per-step costs than about
 # prefill throughput; they are left out of the estimate.
 MIN_PREFILL_TOKENS = 256
+PROBE_AFTER_SKIPS = 16
 
 
 @dataclass
@@ -47,7 +50,7 @@ class LoadCostModel:
         self._clock = clock
         self._last_step: float | None = None
         self._last_tokens = 0
-        self.skipped_l2_blocks = 0
+        self._skips_in_a_row = 0
 
     def on_step(self, scheduled_tokens: int) -> None:
         """Called once per scheduler step: the time since the previous step ran its tokens."""
@@ -66,7 +69,11 @@ class LoadCostModel:
             return True
         load = l2_bytes / self._l2.value
         recompute = tokens / self._prefill.value
-        return load < recompute
+        if load < recompute or self._skips_in_a_row >= PROBE_AFTER_SKIPS:
+            self._skips_in_a_row = 0
+            return True
+        self._skips_in_a_row += 1
+        return False
 
     @property
     def l2_bytes_per_s(self) -> float:

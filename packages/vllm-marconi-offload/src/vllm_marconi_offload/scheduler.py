@@ -23,7 +23,6 @@ The store's own index decides hits: vLLM's BlockPool is never touched.
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,8 +49,6 @@ class _Lookup:
     blocks: int
     chains: dict[int, LoadTicket]
     states: dict[int, LoadTicket]
-    l2_blocks: int = 0
-    started: float = 0.0
     timed: bool = False
 
     def tickets(self) -> list[LoadTicket]:
@@ -88,8 +85,8 @@ class OffloadScheduler:
     ) -> None:
         self._store = store
         self._cost = cost
-        # Bytes read from L2 to promote one block: every group's slot on every rank.
-        self._block_bytes = layout.stride * len(layout.groups) * world_size
+        # Bytes read from L2 to promote one group's block: its slot on every rank.
+        self._slot_bytes = layout.stride * world_size
         self._block_size = block_size
         self._world_size = world_size
         self._kv_cache_config = kv_cache_config
@@ -156,10 +153,15 @@ class OffloadScheduler:
             self.counters.record_lookup(state.request.num_prompt_tokens)
 
     def _time_promotion(self, lookup: _Lookup) -> None:
-        if lookup.l2_blocks and not lookup.timed:
-            lookup.timed = True
-            elapsed = time.monotonic() - lookup.started
-            self._cost.on_promotion(lookup.l2_blocks * self._block_bytes, elapsed)
+        """Teach the cost model the L2 read rate from a finished promotion."""
+        if lookup.timed:
+            return
+        lookup.timed = True
+        tickets = lookup.tickets()
+        promoted = sum(t.tiers.count(Tier.L2) for t in tickets)
+        seconds = max((t.promotion_seconds for t in tickets), default=0.0)
+        if promoted and seconds > 0:
+            self._cost.on_promotion(promoted * self._slot_bytes, seconds)
 
     def _ready_blocks(self, lookup: _Lookup) -> int:
         if any(t.failed for t in lookup.states.values()):
@@ -173,8 +175,11 @@ class OffloadScheduler:
         if not hashes or not self._loads_allowed:
             return None
         found = len(hashes)
+        tiers: list[list[Tier]] = []
         for group in self._chain_groups:
-            found = min(found, len(self._store.lookup(chain_keys(hashes[:found], group))))
+            tiers.append(self._store.lookup(chain_keys(hashes[:found], group)))
+            found = min(found, len(tiers[-1]))
+        found = self._worth_loading(tiers, found)
         blocks = self._state_hit(hashes, found)
         if blocks == 0:
             return None
@@ -186,6 +191,20 @@ class OffloadScheduler:
             for g in self._state_groups
         }
         return _Lookup(blocks=blocks, chains=chains, states=states)
+
+    def _worth_loading(self, tiers: list[list[Tier]], found: int) -> int:
+        """`found`, or the hit's L1 prefix when recomputing the rest beats reading it from L2."""
+        first_l2 = min(
+            (group[:found].index(Tier.L2) for group in tiers if Tier.L2 in group[:found]),
+            default=found,
+        )
+        if first_l2 == found:
+            return found
+        l2_bytes = sum(group[first_l2:found].count(Tier.L2) for group in tiers) * self._slot_bytes
+        if self._cost.worth_loading(l2_bytes, (found - first_l2) * self._block_size):
+            return found
+        self.counters.l2_skipped_blocks += found - first_l2
+        return first_l2
 
     def _state_hit(self, hashes: Sequence[bytes], found: int) -> int:
         """Longest hit <= found whose end has every state group's checkpoint stored."""
