@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from vllm_marconi_offload.block_copy import BlockCopier, block_bytes_view
+from vllm_marconi_offload.block_copy import BlockCopier, block_bytes_view, physical_layout
 from vllm_marconi_offload.cuda_mover import slot_runs
 from vllm_marconi_offload.layout import LayoutError, SlotLayout
 
@@ -107,6 +107,20 @@ def test_permuted_dense_block_layout_is_accepted() -> None:
     page = 32 * 4 * 64 * 2  # bytes: 64 bf16 per row
     view = block_bytes_view(logical, NUM_BLOCKS, page)
     assert torch.equal(view[6], physical[6].reshape(-1).view(torch.uint8))
+
+
+def test_physical_layout_tells_element_orders_apart() -> None:
+    """Same logical shape and page size, bytes arranged HND vs NHD: another signature, so
+    blocks stored under one are never loaded under the other. The block count is not in it."""
+    page = 32 * 4 * 64 * 2
+    layout = make_layout({"l0": page}, [["l0"]])
+    hnd = random_bytes(NUM_BLOCKS, 4, 32, 64 * 2).view(torch.bfloat16)
+    nhd = random_bytes(NUM_BLOCKS, 32, 4, 64 * 2).view(torch.bfloat16).permute(0, 2, 1, 3)
+    assert hnd.shape == nhd.shape
+    assert physical_layout(layout, {"l0": hnd}) != physical_layout(layout, {"l0": nhd})
+    bigger = random_bytes(2 * NUM_BLOCKS, 4, 32, 64 * 2).view(torch.bfloat16)
+    bigger_layout = SlotLayout(groups=layout.groups, num_gpu_blocks=2 * NUM_BLOCKS)
+    assert physical_layout(bigger_layout, {"l0": bigger}) == physical_layout(layout, {"l0": hnd})
 
 
 def test_block_with_gaps_is_rejected() -> None:

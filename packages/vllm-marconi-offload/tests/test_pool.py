@@ -5,11 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from kvpool_mmap import TieredStore
 from vllm_marconi_offload.config import EVICTION_POLICIES, OffloadConfig
-from vllm_marconi_offload.layout import SlotLayout
-from vllm_marconi_offload.pool import build_store_config, engine_name, layout_fingerprint
+from vllm_marconi_offload.layout import LayoutError, SlotLayout
+from vllm_marconi_offload.pool import (
+    adopt_physical_layout,
+    build_store_config,
+    engine_name,
+    layout_fingerprint,
+    physical_layout_file,
+    publish_physical_layout,
+)
 
 
 def fake_vllm_config(model: Path) -> SimpleNamespace:
@@ -67,3 +75,51 @@ def test_pool_name_survives_restarts_and_tracks_the_checkpoint(tmp_path: Path) -
     assert layout_fingerprint(vllm_config, layout(), 32) != before
     named = OffloadConfig.from_extra_config({"pool_name": "prod/llama 8b"})
     assert engine_name(vllm_config, named, before) == "prod_llama_8b"
+
+
+def test_l2_written_under_another_physical_layout_is_never_loaded(tmp_path: Path) -> None:
+    """The workers publish how their KV bytes are arranged; the scheduler adopts it, and a
+    restart under another arrangement (another attention backend) starts with an empty
+    L2 instead of loading blocks whose bytes mean something else."""
+    config = OffloadConfig.from_extra_config(
+        {
+            "cpu_pool_path": str(tmp_path / "l1"),
+            "cpu_bytes_to_use": 64 * 8192,
+            "l2_pool_path": str(tmp_path / "l2"),
+            "l2_bytes_to_use": 1 << 20,
+        }
+    )
+    base = build_store_config(fake_vllm_config(tmp_path), config, layout(), 32)
+
+    def run_engine(physical: str) -> TieredStore:
+        worker_config = publish_physical_layout(base, 0, physical)
+        TieredStore(worker_config).close(flush=False)  # the worker creates L1 ...
+        scheduler_config = adopt_physical_layout(base)  # ... the scheduler adopts it
+        assert scheduler_config == worker_config
+        return TieredStore(scheduler_config)
+
+    store = run_engine("l0:torch.bfloat16:1:(4, 32, 128):(16384, 4096, 128, 1)")
+    store.put([b"k0", b"k1"], np.ones((2, 2 * 4096), dtype=np.uint8))
+    store.close()  # flushes to L2
+    same = run_engine("l0:torch.bfloat16:1:(4, 32, 128):(16384, 4096, 128, 1)")
+    assert len(same.lookup([b"k0", b"k1"])) == 2
+    same.close()
+    other = run_engine("l0:torch.bfloat16:1:(4, 32, 128):(16384, 128, 4096, 1)")
+    assert other.lookup([b"k0", b"k1"]) == []
+    other.close()
+
+
+def test_scheduler_refuses_missing_or_disagreeing_layouts(tmp_path: Path) -> None:
+    config = OffloadConfig.from_extra_config({"cpu_pool_path": str(tmp_path / "l1")})
+    vllm_config = fake_vllm_config(tmp_path)
+    vllm_config.parallel_config.tensor_parallel_size = 2
+    base = build_store_config(vllm_config, config, layout(), 32)
+    publish_physical_layout(base, 0, "a")
+    with pytest.raises(LayoutError, match="rank 1 published no KV layout"):
+        adopt_physical_layout(base)
+    publish_physical_layout(base, 1, "b")
+    with pytest.raises(LayoutError, match="arrange their KV caches differently"):
+        adopt_physical_layout(base)
+    publish_physical_layout(base, 1, "a")
+    assert adopt_physical_layout(base).fingerprint != base.fingerprint
+    assert physical_layout_file(base, 1).read_text() == "a"

@@ -139,3 +139,24 @@ class BlockCopier:
             layer.view.index_copy_(
                 0, dst_idx, staging[:, layer.offset : layer.offset + layer.nbytes]
             )
+
+
+def physical_layout(layout: SlotLayout, kv_caches: Mapping[str, torch.Tensor]) -> str:
+    """How each layer's block bytes are arranged in memory, as text.
+
+    Slots hold raw bytes, so two engines whose KV tensors have the same page size but a
+    different element order (NHD vs HND, K/V split or interleaved: another attention
+    backend, or another vLLM) must never share stored blocks. Everything that does not
+    depend on the number of GPU blocks goes in: dtype, blocks per vLLM block, the block's
+    shape and the strides.
+    """
+    parts = []
+    for group in layout.groups:
+        for layer in group.layers:
+            tensor = kv_caches[layer.name]
+            per_block = tensor.shape[0] // layout.num_gpu_blocks
+            parts.append(
+                f"{layer.name}:{tensor.dtype}:{per_block}:"
+                f"{tuple(tensor.shape[1:])}:{tuple(tensor.stride())}"
+            )
+    return "\n".join(parts)

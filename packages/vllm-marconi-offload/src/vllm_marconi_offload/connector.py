@@ -24,7 +24,7 @@ from .layout import SlotLayout
 from .log import logger
 from .metadata import OffloadMetadata, StoreCompletions
 from .metrics import OffloadPromMetrics, OffloadStats
-from .pool import build_store_config, unlink_anonymous_l1
+from .pool import adopt_physical_layout, build_store_config, unlink_anonymous_l1
 from .scheduler import OffloadScheduler
 from .stats import eviction_line, store_counters
 from .worker import OffloadWorker
@@ -56,7 +56,7 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
         self._hit_lines_logged = 0
         self._store: TieredStore | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._store = TieredStore(store_config, create_l1=False)
+            self._store = TieredStore(adopt_physical_layout(store_config), create_l1=False)
             if self._config.cpu_pool_path is None:
                 unlink_anonymous_l1(store_config)
             self._scheduler = OffloadScheduler(

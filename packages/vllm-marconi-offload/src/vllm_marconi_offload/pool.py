@@ -7,6 +7,7 @@ other, so everything here is a pure function of the vLLM config and the connecto
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import re
@@ -17,7 +18,7 @@ from typing import Any
 from kvpool_mmap import StoreConfig, TierConfig
 
 from .config import OffloadConfig
-from .layout import SlotLayout
+from .layout import LayoutError, SlotLayout
 
 ANONYMOUS_L1_ROOT = "/dev/shm"
 
@@ -79,6 +80,7 @@ def unlink_anonymous_l1(store_config: StoreConfig) -> None:
     """
     for rank in range(store_config.tp_size):
         Path(store_config.l1_file(rank)).unlink(missing_ok=True)
+        physical_layout_file(store_config, rank).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         Path(store_config.l1.path).rmdir()
 
@@ -112,3 +114,57 @@ def build_store_config(
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:64] or "x"
+
+
+# -- the physical layout: seen by the workers, adopted by the scheduler ----------------------
+#
+# The scheduler never sees the KV tensors, so it cannot tell how their bytes are arranged.
+# Each worker writes what it saw next to its L1 file; the scheduler (built after the
+# workers registered their caches) reads every rank's copy and mixes it into the
+# fingerprint that guards L2, so L2 blocks written under another arrangement are dropped
+# at startup instead of being loaded as garbage. The L1 files carry the same fingerprint,
+# so opening them verifies that the scheduler adopted what the workers saw.
+
+
+def physical_layout_file(store_config: StoreConfig, rank: int) -> Path:
+    """Where rank `rank` publishes the physical layout of its KV tensors."""
+    l1 = Path(store_config.l1_file(rank))
+    return l1.with_name(l1.name + ".layout")
+
+
+def with_physical_layout(store_config: StoreConfig, physical: str) -> StoreConfig:
+    """`store_config` whose fingerprint also covers the KV tensors' physical layout."""
+    digest = hashlib.blake2b(physical.encode(), digest_size=16).digest()
+    return dataclasses.replace(store_config, fingerprint=store_config.fingerprint + digest)
+
+
+def publish_physical_layout(store_config: StoreConfig, rank: int, physical: str) -> StoreConfig:
+    """Worker side: write what this rank saw (atomically); return the config to open L1 with."""
+    path = physical_layout_file(store_config, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(physical)
+    tmp.replace(path)
+    return with_physical_layout(store_config, physical)
+
+
+def adopt_physical_layout(store_config: StoreConfig) -> StoreConfig:
+    """Scheduler side: the config every rank agreed on; LayoutError if one is missing or
+    differs (a store shared by workers that arrange KV differently cannot be correct)."""
+    seen: dict[int, str] = {}
+    for rank in range(store_config.tp_size):
+        path = physical_layout_file(store_config, rank)
+        try:
+            seen[rank] = path.read_text()
+        except FileNotFoundError:
+            raise LayoutError(
+                f"worker rank {rank} published no KV layout at {path}: every worker must "
+                "register its KV caches (on this host) before the scheduler starts"
+            ) from None
+    if len(set(seen.values())) > 1:
+        raise LayoutError(
+            "tensor-parallel ranks arrange their KV caches differently "
+            f"(see {physical_layout_file(store_config, 0).parent}/*.layout); "
+            "offloaded blocks could not be shared between them"
+        )
+    return with_physical_layout(store_config, seen[0])

@@ -21,11 +21,12 @@ from typing import TypeVar
 import torch
 from kvpool_mmap import StoreConfig, open_l1_rank
 
-from .block_copy import BlockCopier
+from .block_copy import BlockCopier, physical_layout
 from .cuda_mover import CudaBlockMover, staging_bytes_from_env
 from .layout import SlotLayout
 from .log import logger
 from .metadata import OffloadMetadata, StoreCompletions, TransferJob
+from .pool import publish_physical_layout
 
 COPY_ENV = "VLLM_MARCONI_OFFLOAD_COPY"
 _K = TypeVar("_K")
@@ -50,7 +51,10 @@ class OffloadWorker:
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         """Map the KV cache tensors and create this rank's L1 file."""
         self._copier = BlockCopier(self._layout, kv_caches)
-        l1 = open_l1_rank(self._store_config, rank=self._rank, create=True)
+        store_config = publish_physical_layout(
+            self._store_config, self._rank, physical_layout(self._layout, kv_caches)
+        )
+        l1 = open_l1_rank(store_config, rank=self._rank, create=True)
         first = next(iter(kv_caches.values()))
         registered = bool(first.is_cuda and l1.register_cuda())
         self._l1 = l1
