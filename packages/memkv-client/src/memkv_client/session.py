@@ -29,7 +29,9 @@ from .errors import (
 )
 from .protocol import Op, ServerInfo, Status
 
-__all__ = ["TcpSession", "recv_exact_into", "send_views"]
+__all__ = ["TcpSession", "recv_exact_into", "recv_views_into", "send_views"]
+
+_IOV_MAX = 128  # buffers per recvmsg_into call (Linux allows 1024)
 
 
 def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
@@ -40,6 +42,31 @@ def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
         if k == 0:
             raise TransportError("connection closed by peer mid-frame")
         got += k
+
+
+def recv_views_into(sock: socket.socket, views: Sequence[memoryview]) -> None:
+    """Fill every view in order, as many per syscall as the socket has data for.
+
+    One ``recvmsg_into`` scatters the stream over up to ``_IOV_MAX`` views, so a value
+    held in many blocks (or several values of one reply) costs a few large copies
+    instead of one syscall per block. EOF raises :class:`TransportError`.
+    """
+    pending = [v for v in views if len(v)]
+    if not pending:
+        return
+    i, last = 0, len(pending) - 1
+    first = pending[0]
+    while True:
+        got = sock.recvmsg_into([first, *pending[i + 1 : i + _IOV_MAX]])[0]
+        if got == 0:
+            raise TransportError("connection closed by peer mid-frame")
+        while got >= len(first):
+            if i == last:
+                return
+            got -= len(first)
+            i += 1
+            first = pending[i]
+        first = first[got:]
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytearray:
@@ -229,14 +256,13 @@ class TcpSession:
         meta = p.encode_key_lengths([(k, len(v)) for k, v in items])
         h, reply = self.call(Op.GET, meta)
         statuses: list[tuple[int, int]] = self._decode(p.decode_status_lengths, reply, len(items))
-        expected = sum(len(v) for (_, v), (s, _) in zip(items, statuses, strict=True) if s == 0)
+        ok = [v for (_, v), (status, _) in zip(items, statuses, strict=True) if status == Status.OK]
+        expected = sum(len(v) for v in ok)
         if h.bulk_len != expected:
             self._fail()
             raise RemoteProtocolError(f"{self.address}: bulk {h.bulk_len} != {expected}")
         try:
-            for (_, view), (status, _) in zip(items, statuses, strict=True):
-                if status == Status.OK:
-                    recv_exact_into(self.sock, view)
+            recv_views_into(self.sock, ok)
         except TimeoutError:
             self._fail()
             raise MemKVTimeout(f"{self.address}: timed out reading values") from None

@@ -1,9 +1,10 @@
 """Server networking: one thread per connection, blocking sockets, zero-copy bulk data.
 
-Bulk values are received straight into reserved store blocks (``recv_into``) and sent
-straight from pinned blocks (``sendall``) or spill files (``sendfile``). A frame that
-cannot be decoded or authenticated gets an error reply and the connection is closed;
-handler exceptions never reach the accept loop, so a bad peer cannot crash the server.
+Bulk values are received straight into reserved store blocks (``recvmsg_into``, many
+blocks per call) and sent straight from pinned blocks (``sendall``) or spill files
+(``sendfile``). A frame that cannot be decoded or authenticated gets an error reply and
+the connection is closed; handler exceptions never reach the accept loop, so a bad peer
+cannot crash the server.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .._version import __version__
 from ..auth import ReplayGuard, Signer
 from ..errors import TransportError
 from ..protocol import FrameError, Header, Op, Status
-from ..session import recv_exact, recv_exact_into, send_views
+from ..session import recv_exact, recv_exact_into, recv_views_into, send_views
 from .storage import Entry, Store
 
 __all__ = ["MemKVServer"]
@@ -348,8 +349,7 @@ class _Connection:
                 codes.append(res)
                 continue
             try:
-                for v in res.views:
-                    recv_exact_into(self.sock, v)
+                recv_views_into(self.sock, res.views)  # the blocks, from the socket
             except BaseException:
                 self.store.abort(res)
                 raise
