@@ -12,7 +12,10 @@ Prints (all from the trace alone, no tuning):
 4. token hit rate of three heap-compatible rules built on those features, next to LRU and
    Bélády: fresh blocks evicted before reused ones; a new suffix after a prefix hit aged by
    one turnover; a hash-chosen quarter of the chain roots kept 2 turnovers longer (a
-   stable subset, as bimodal insertion does against thrashing).
+   stable subset, as bimodal insertion does against thrashing);
+5. two oracles that bound what better predictions of those kinds could give: LRU that is
+   told which accesses are a block's last (dead blocks are evicted first), and LFU that is
+   told every block's total use count in the trace.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import bisect
 import statistics
 from array import array
 from collections import Counter, defaultdict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 from kv_eviction import BeladyPolicy, make_policy, simulate
 from kv_eviction._chainheap import SEQ_BITS, ChainHeapPolicy
@@ -108,6 +111,35 @@ class RootSubset(_ClockRule):
 
     def _shift(self, slot: int) -> int:
         return 2 * len(self._index) if self._flag[slot] else 0
+
+
+class DeadFirstOracle(_ClockRule):
+    """LRU, except that a block whose access was its last in the trace is evicted first."""
+
+    name = "oracle: dead blocks first"
+
+    def __init__(self, total_uses: Counter[Hashable]) -> None:
+        super().__init__()
+        self._total = total_uses
+        self._seen: Counter[Hashable] = Counter()
+
+    def _shift(self, slot: int) -> int:
+        key = self._keys[slot]
+        self._seen[key] += 1
+        return 0 if self._seen[key] >= self._total[key] else _BASE
+
+
+class FrequencyOracle(_ClockRule):
+    """LFU on every block's total use count in the trace; ties to the least recently used."""
+
+    name = "oracle: LFU on total uses"
+
+    def __init__(self, total_uses: Counter[Hashable]) -> None:
+        super().__init__()
+        self._total = total_uses
+
+    def _shift(self, slot: int) -> int:
+        return self._total[self._keys[slot]] * _BASE
 
 
 def _gap_bucket(gap: int | None) -> str:
@@ -202,19 +234,24 @@ def belady_keeps(trace: Trace, capacity: int) -> None:
 
 
 def rules(trace: Trace, capacities: list[int]) -> None:
-    makers: list[tuple[str, type[EvictionPolicy] | None]] = [
-        ("lru", None),
+    total: Counter[Hashable] = Counter()
+    for request in trace.requests:
+        total.update(set(request.blocks))
+    makers: list[tuple[str, Callable[[], EvictionPolicy]]] = [
+        ("lru", lambda: make_policy("lru")),
         ("fresh-first", FreshFirst),
         ("suffix-demote", SuffixDemote),
         ("root-subset", RootSubset),
+        (DeadFirstOracle.name, lambda: DeadFirstOracle(total)),
+        (FrequencyOracle.name, lambda: FrequencyOracle(total)),
     ]
     print("\n## Token hit rate of rules on those features\n")
     print("| rule | " + " | ".join(f"{c:,}" for c in capacities) + " |")
     print("|---|" + "---:|" * len(capacities))
-    for label, cls in makers:
+    for label, maker in makers:
         cells = []
         for capacity in capacities:
-            policy = make_policy("lru") if cls is None else cls()
+            policy = maker()
             cells.append(f"{100 * simulate(trace, policy, capacity).token_hit_rate:.1f}%")
         print(f"| {label} | " + " | ".join(cells) + " |")
     cells = []
