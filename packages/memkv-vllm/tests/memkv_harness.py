@@ -174,9 +174,20 @@ def tier_config(**tier: Any) -> dict[str, Any]:
     }
 
 
-def direct_config(**extra: Any) -> dict[str, Any]:
+def direct_config(plain_connector: bool = False, **extra: Any) -> dict[str, Any]:
+    """The direct spec under MemKVOffloadingConnector (failed loads recompute), or under
+    vLLM's plain OffloadingConnector (a failed load stops the engine)."""
+    connector: dict[str, Any] = (
+        {"kv_connector": "OffloadingConnector"}
+        if plain_connector
+        else {
+            "kv_connector": "MemKVOffloadingConnector",
+            "kv_connector_module_path": "memkv_vllm.connector",
+            "kv_load_failure_policy": "recompute",
+        }
+    )
     return {
-        "kv_connector": "OffloadingConnector",
+        **connector,
         "kv_role": "kv_both",
         "kv_connector_extra_config": {
             "spec_name": "MemKVOffloadingSpec",

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from memkv_harness import BLOCK, PROMPTS, EngineRun, MemKVServer, direct_config
+from memkv_harness import (
+    BLOCK,
+    P1,
+    P3,
+    PROMPTS,
+    EngineRun,
+    MemKVServer,
+    direct_config,
+    make_prompt,
+)
 
 
 def test_direct_spec_round_trips_within_and_across_processes(
@@ -28,3 +38,60 @@ def test_direct_spec_round_trips_within_and_across_processes(
     second = start_engine({**spec, "phases": spec["phases"][:1]}, **memkv.env()).result()
     assert second.tokens(0) == baseline.tokens(0)
     assert second.cached(0)[0] == 6 * BLOCK, second.cached(0)
+
+
+def _vanishing_phases(between: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """P1 stored; P1 loaded back (the lookup's HIT stays cached); ``between``; P1 again,
+    whose cached HIT is stale by then: its load finds nothing in MemKV."""
+    return [
+        {"prompts": [P1]},
+        {"reset_prefix_cache": True, "prompts": [P1]},
+        *between,
+        {"reset_prefix_cache": True, "prompts": [P1]},
+    ]
+
+
+def test_direct_server_restart_between_lookup_and_load_recomputes(
+    start_engine: Any, memkv: MemKVServer, tiny_llama: str, baseline: EngineRun
+) -> None:
+    spec = {
+        "model": tiny_llama,
+        # a lookup answer of 'present' is reused for 300 s: the restart cannot be noticed
+        # before the load
+        "kv_transfer_config": direct_config(memkv_lookup_hit_ttl=300),
+        "phases": _vanishing_phases([]),
+    }
+    spec["phases"][-1]["pause"] = True
+    engine = start_engine(spec, **memkv.env())
+    engine.wait_paused(2)
+    memkv.restart()
+    engine.resume(2)
+    run = engine.result()
+    assert run.cached(1) == [6 * BLOCK], run.cached(1)  # loaded from MemKV
+    assert run.tokens(2) == [baseline.tokens(0)[0]]
+    assert run.cached(2) == [0], run.cached(2)  # recomputed
+    assert "6 of 6 blocks not loaded; vLLM recomputes them" in run.log
+
+
+def test_direct_value_evicted_between_lookup_and_load_recomputes(
+    start_engine: Any, tiny_llama: str, baseline: EngineRun, tmp_path: Path
+) -> None:
+    # one lane of 512 KiB holds ~16 blocks of 32 KiB: P3 and the filler evict P1's (LRU)
+    memkv = MemKVServer(tmp_path / "small.log", memory="512KiB", lanes=1).start()
+    try:
+        spec = {
+            "model": tiny_llama,
+            "kv_transfer_config": direct_config(memkv_lookup_hit_ttl=300),
+            "phases": _vanishing_phases(
+                [{"reset_prefix_cache": True, "prompts": [P3, make_prompt(4, 12)]}]
+            ),
+        }
+        run = start_engine(spec, **memkv.env()).result()
+        evictions = sum(int(ln["evictions"]) for ln in memkv.stats()["store"]["lanes"])
+    finally:
+        memkv.stop()
+    assert evictions >= 6, evictions
+    assert run.cached(1) == [6 * BLOCK], run.cached(1)
+    assert run.tokens(3) == [baseline.tokens(0)[0]]
+    assert run.cached(3) == [0], run.cached(3)  # recomputed
+    assert "blocks not loaded; vLLM recomputes them" in run.log

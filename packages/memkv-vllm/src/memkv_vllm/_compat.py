@@ -9,6 +9,13 @@ Supported: vLLM 0.26.0 - 0.33.x. What changed and where it is handled here:
 * 0.31.0  ``SecondaryTierManager(..., backpressure_detector=None)``; ``JobResult.transfer_bytes``.
 * 0.33.0  ``OffloadingWorker.submit_load(..., expedited=False)`` (our workers take ``**kwargs``).
 
+Failed loads (direct mode): every release 0.26 - 0.33 asserts in ``OffloadingConnector``'s
+worker that each transfer succeeded, and none overrides the base class's
+``get_block_ids_with_load_errors``; the scheduler's ``kv_load_failure_policy`` path for
+invalid blocks exists in all of them. :func:`offloading_connector_cls`,
+:func:`load_failure_policy` and :func:`invalid_block_ids` are what
+:mod:`~memkv_vllm.connector` builds on.
+
 Only this module and the vLLM-facing classes import vLLM; nothing here runs at import
 time of :mod:`memkv_vllm` itself.
 """
@@ -37,11 +44,14 @@ __all__ = [
     "SecondaryTierManager",
     "hash_seed_problem",
     "init_tier_base",
+    "invalid_block_ids",
     "job_slots",
+    "load_failure_policy",
     "make_file_mapper",
     "make_job_result",
     "make_transfer_result",
     "new_stats",
+    "offloading_connector_cls",
     "vllm_version",
 ]
 
@@ -145,6 +155,26 @@ def new_stats() -> Any:
     )
 
     return OffloadingConnectorStats()
+
+
+def offloading_connector_cls() -> Any:
+    """vLLM's ``OffloadingConnector`` class (imported on demand: it pulls in torch)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (  # type: ignore[import-not-found]
+        OffloadingConnector,
+    )
+
+    return OffloadingConnector
+
+
+def load_failure_policy(vllm_config: Any) -> str:
+    """``kv_transfer_config.kv_load_failure_policy`` (``"fail"`` where a release lacks it)."""
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    return str(getattr(transfer, "kv_load_failure_policy", None) or "fail")
+
+
+def invalid_block_ids(connector_output: Any) -> set[int]:
+    """The block ids a step's ``KVConnectorOutput`` reports as not loaded."""
+    return set(getattr(connector_output, "invalid_block_ids", None) or ())
 
 
 def make_file_mapper(root_dir: str, spec: Any) -> Any:

@@ -3,7 +3,9 @@
 A block counts as present only if every TP rank's value is (one batched ``exists`` round
 per scheduler step for all of them). Stores are not trusted until MemKV says so: a
 worker that could not store reports success anyway (vLLM cannot take store failures),
-so the lookup cache is never told 'present' by ``complete_store``.
+so the lookup cache is never told 'present' by ``complete_store``. Under
+:class:`~.connector.MemKVOffloadingConnector`, a step that reports blocks which could not be
+loaded drops every cached answer, so the recomputing request's next lookup asks MemKV.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from . import _compat as c
 from ._client import connect, warn_if_hashes_differ_per_process
+from .load_errors import current as current_load_errors
 from .lookup import Answer, BatchedLookup
 from .metrics import LOOKUP_ROUNDS, LOOKUPS, TierMetrics
 from .naming import direct_key, publish_key
@@ -78,6 +81,9 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
             miss_ttl=cfg.memkv_lookup_miss_ttl,
             timeout=cfg.memkv_lookup_timeout_s,
         )
+        load_errors = current_load_errors()  # set under MemKVOffloadingConnector
+        if load_errors is not None:
+            load_errors.on_scheduler_failure(self._lookup.forget)
         self._metrics = TierMetrics()
         self._rounds_reported = 0
         log.info("memkv-vllm: direct offload, key prefix %s", self.prefix.hex())

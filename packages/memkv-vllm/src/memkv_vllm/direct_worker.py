@@ -6,10 +6,13 @@ slot is sized for the widest group). At startup the worker derives its key prefi
 the model, weights fingerprint, dtype, TP size, block size and KV layout, and publishes it
 for the scheduler to adopt.
 
-vLLM (<= 0.32 at least) asserts that every transfer succeeded. A store that MemKV refused
-is therefore reported as done (the scheduler never trusts stores: lookups ask MemKV); a
-failed load is reported as failed, which vLLM turns into an engine error rather than
-silently using wrong KV.
+vLLM (0.26 - 0.33) asserts that every transfer succeeded. A store that MemKV refused is
+therefore reported as done (the scheduler never trusts stores: lookups ask MemKV). A load
+that could not fill every block (the value vanished between lookup and load) is reported
+as done only under :class:`~.connector.MemKVOffloadingConnector`, which hands the unfilled
+block ids to vLLM's recompute path in the same step (:mod:`~.load_errors`); under the
+plain ``OffloadingConnector`` it is reported as failed, which vLLM turns into an engine
+error rather than silently using wrong KV.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 from . import _compat as c
 from ._client import connect
 from .jobs import JobOutcome, JobRunner
+from .load_errors import current as current_load_errors
 from .naming import direct_key, direct_prefix, publish_key
 from .weights import weights_fingerprint
 
@@ -107,6 +111,15 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         n = cfg.memkv_num_threads
         self._jobs = JobRunner(n, n, max_backlog_bytes=1 << 62)
         self._local = threading.local()
+        self._load_errors = current_load_errors()  # set under MemKVOffloadingConnector
+        self._load_blocks: dict[int, list[int]] = {}  # job id -> GPU blocks, loads in flight
+        if self._load_errors is None and self.rank == 0:
+            log.warning(
+                "memkv-vllm: MemKVOffloadingSpec runs under vLLM's plain OffloadingConnector: "
+                "a value that vanishes from MemKV between lookup and load stops the engine. "
+                'Use "kv_connector": "MemKVOffloadingConnector", '
+                '"kv_connector_module_path": "memkv_vllm.connector" to recompute it'
+            )
         log.info(
             "memkv-vllm: direct worker rank %d: %d-byte values, %d blocks per call, %s scratch",
             self.rank, self._slot, self._blocks_per_op, self.medium,
@@ -161,6 +174,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         scratch, raw = self._scratch()
         got = 0
         missing: list[bytes] = []
+        failed_blocks: list[int] = []
         for part in _chunks(len(plan), self._blocks_per_op):
             items = [
                 (plan[i][0], raw[slot], self._value_bytes[plan[i][1]])
@@ -171,6 +185,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
                 name, group, block = plan[i]
                 if not results[slot].ok:
                     missing.append(name)
+                    failed_blocks.append(block)
                     continue
                 offset = 0
                 for tidx, size in self._groups[group]:
@@ -178,11 +193,12 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
                     offset += size
                 got += offset
         if missing:
-            log.error(
+            log.log(
+                logging.ERROR if self._load_errors is None else logging.INFO,
                 "memkv-vllm: %d of %d blocks vanished from MemKV between lookup and load "
                 "(first: %s)", len(missing), len(plan), missing[0].hex(),
             )  # fmt: skip
-        return JobOutcome(success=not missing, nbytes=got)
+        return JobOutcome(success=not missing, failed_keys=failed_blocks, nbytes=got)
 
     # --- vLLM's OffloadingWorker --------------------------------------------------------
 
@@ -192,6 +208,8 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
 
     def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, **_: Any) -> bool:
         keys, blocks = list(src_spec.keys), dst_spec.block_ids
+        if self._load_errors is not None:
+            self._load_blocks[job_id] = [int(b) for b in blocks]
         self._jobs.submit_load(job_id, lambda: self._load(keys, blocks))
         return True
 
@@ -202,6 +220,16 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
                 log.error("memkv-vllm: transfer job %d raised %s", done.job_id, done.extra["error"])
             # stores always "succeed" for vLLM (see the module docstring)
             success = done.outcome.success or not done.is_load
+            blocks = self._load_blocks.pop(done.job_id, None) if done.is_load else None
+            if not success and blocks is not None and self._load_errors is not None:
+                # a job that raised filled an unknown subset: all of its blocks are suspect
+                bad = done.outcome.failed_keys if "error" not in done.extra else blocks
+                self._load_errors.add_blocks(bad or blocks)
+                log.warning(
+                    "memkv-vllm: load job %d: %d of %d blocks not loaded; vLLM recomputes "
+                    "them", done.job_id, len(bad or blocks), len(blocks),
+                )  # fmt: skip
+                success = True
             out.append(
                 c.make_transfer_result(done.job_id, success, done.outcome.nbytes, done.seconds)
             )
