@@ -87,7 +87,7 @@ def test_random_headers_with_valid_magic(server: ServerProcess, prefix: bytes, t
 
 @FUZZ
 @given(
-    op=st.sampled_from([*list(p.Op), 0, 0x0B, 0xFF]),
+    op=st.sampled_from([*list(p.Op), 0, max(p.Op) + 1, 0xFF]),
     meta=st.one_of(
         st.binary(max_size=200),
         st.builds(
@@ -119,7 +119,13 @@ def test_server_survives_fuzzing(server: ServerProcess) -> None:
 
 @given(data=st.binary(max_size=200))
 def test_decoders_raise_only_frame_errors(data: bytes) -> None:
-    for fn in (p.decode_keys, p.decode_key_lengths, p.decode_remote_items, p.decode_hello):
+    for fn in (
+        p.decode_keys,
+        p.decode_key_lengths,
+        p.decode_remote_items,
+        p.decode_hello,
+        p.decode_xfer,
+    ):
         with contextlib.suppress(p.FrameError):
             fn(data)
     for fn2 in (p.decode_flags, p.decode_status_lengths):

@@ -60,6 +60,49 @@ def test_hello_reply_round_trip() -> None:
     assert p.decode_hello_reply(p.encode_hello_reply(info)) == info
 
 
+def test_hello_reply_feature_flags() -> None:
+    plain = p.ServerInfo(1, 512, 1024, 1 << 20, 1 << 30, 1 << 32, True, "n")
+    assert p.encode_hello_reply(plain)[27] == 0x01  # unchanged for servers without XFER
+    xfer = p.ServerInfo(1, 512, 1024, 1 << 20, 1 << 30, 1 << 32, True, "n", xfer=True)
+    assert p.encode_hello_reply(xfer)[27] == 0x03
+    assert p.decode_hello_reply(p.encode_hello_reply(xfer)) == xfer
+
+
+def test_golden_xfer_meta() -> None:
+    meta = p.encode_xfer(True, [(b"k", 2, 3, 0x10, 7)])
+    assert meta == bytes.fromhex(
+        "01" "01000000" "01006b" "0200000000000000" "0300000000000000" "1000000000000000" "07000000"
+    )  # fmt: skip
+    assert p.decode_xfer(meta) == (True, [(b"k", 2, 3, 0x10, 7)])
+
+
+u64 = st.integers(0, 2**64 - 1)
+
+
+@given(st.booleans(), st.lists(st.tuples(keys, u64, u64, u64, st.integers(0, 2**32 - 1))))
+def test_xfer_round_trip(is_write: bool, items: list[tuple[bytes, int, int, int, int]]) -> None:
+    assert p.decode_xfer(p.encode_xfer(is_write, items)) == (is_write, items)
+
+
+def test_xfer_bad_direction() -> None:
+    with pytest.raises(p.FrameError, match="direction 2"):
+        p.decode_xfer(b"\x02\x00\x00\x00\x00")
+
+
+def test_xfer_pieces_tile_each_value() -> None:
+    items = [(b"a", 5, 5, 0, 0), (b"b", 0, 0, 0, 0), (b"a", 0, 5, 0, 0), (b"a", 10, 1, 0, 0)]
+    assert p.xfer_pieces(items) == {b"a": (11, [0, 2, 3]), b"b": (0, [1])}
+    for bad, what in [
+        ([(b"a", 1, 5, 0, 0)], "gap at byte 0"),
+        ([(b"a", 0, 5, 0, 0), (b"a", 6, 5, 0, 0)], "gap at byte 5"),
+        ([(b"a", 0, 5, 0, 0), (b"a", 4, 5, 0, 0)], "overlap at byte 4"),
+        ([(b"a", 0, 5, 0, 0), (b"a", 0, 5, 0, 0)], "overlap at byte 0"),
+    ]:
+        with pytest.raises(p.FrameError, match=what) as info:
+            p.xfer_pieces(bad)
+        assert info.value.status is p.Status.INVALID_REQUEST
+
+
 @pytest.mark.parametrize(
     ("meta", "status"),
     [

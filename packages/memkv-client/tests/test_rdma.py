@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 import os
 import threading
@@ -12,7 +14,14 @@ import numpy as np
 import pytest
 from conftest import KEY, KEY_HEX, ServerProcess
 from fake_verbs import Fabric
-from memkv_client import Client, RdmaUnavailableError, ResultKind
+from memkv_client import (
+    Client,
+    LocalProtocolError,
+    RdmaUnavailableError,
+    ResultKind,
+    ServerError,
+)
+from memkv_client import protocol as p
 from memkv_client.auth import Signer
 from memkv_client.rdma import RdmaEngine, RdmaResponder
 from memkv_client.server.net import MemKVServer
@@ -302,3 +311,188 @@ def test_pyverbs_without_devices_reports_a_reason() -> None:
         backend.close()
         pytest.skip("this machine has an RDMA device")
     assert "RDMA" in reason or "none of" in reason
+
+
+# --- batch_xfer: server-driven one-sided RDMA on registered memory ------------------------
+
+
+def _registered_pool(c: Client, rows: int, row: int = MB) -> np.ndarray:
+    pool = np.zeros((rows, row), dtype=np.uint8)
+    c.register_region(pool.ctypes.data, pool.nbytes)
+    return pool
+
+
+def test_xfer_round_trip_in_place(
+    fabric: Fabric, rdma_server: InProcessServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with rdma_client(fabric, rdma_server.address) as c:
+        pool = _registered_pool(c, 8)
+        pool[:4] = np.random.default_rng(5).integers(0, 256, (4, MB), dtype=np.uint8)
+        base = pool.ctypes.data
+
+        def no_staging(self: RdmaEngine, n: int) -> int | None:
+            raise AssertionError("batch_xfer must not stage")
+
+        monkeypatch.setattr(RdmaEngine, "take_slot", no_staging)
+        before = dict(fabric.ops)
+        items = [(f"x/{i}", base + i * MB, MB, 0) for i in range(4)]
+        assert all(c.batch_xfer(items, is_write=True))
+        assert fabric.ops["read"] - before["read"] >= 16  # 4 values x 4 blocks, pulled
+        back = [(f"x/{i}", base + (4 + i) * MB, MB, 0) for i in range(4)]
+        assert all(c.batch_xfer(back, is_write=False))
+        assert np.array_equal(pool[:4], pool[4:])
+        monkeypatch.undo()
+        assert c.size("x/2") == MB  # the same store as every other call
+        out = bytearray(MB)
+        assert c.batch_get_into([("x/3", out, MB)])[0].ok
+        assert out == pool[3].tobytes()
+
+
+def test_xfer_write_pieces_make_one_value_and_reads_take_ranges(
+    fabric: Fabric, rdma_server: InProcessServer
+) -> None:
+    with rdma_client(fabric, rdma_server.address, max_batch_size=2) as c:
+        pool = _registered_pool(c, 4)
+        value = np.random.default_rng(6).integers(0, 256, 700_000, dtype=np.uint8)
+        cuts = [0, 100_000, 262_144 + 5, 700_000]  # the middle piece crosses a 256 KiB block
+        src = pool.ctypes.data + MB
+        pool[1, :700_000] = value
+        pieces = [("pc/v", src + a, b - a, a) for a, b in itertools.pairwise(cuts)]
+        other = ("pc/other", src + 800_000, 1000, 0)
+        items = [pieces[2], other, pieces[0], pieces[1]]  # > max_batch_size: kept together
+        assert [r.ok for r in c.batch_xfer(items, is_write=True)] == [True] * 4
+        whole = bytearray(700_000)
+        assert c.batch_get_into([("pc/v", whole, len(whole))])[0].ok
+        assert whole == value.tobytes()
+        dst = pool.ctypes.data + 2 * MB
+        ranges = [(0, 10), (262_140, 10), (300_000, 400_000), (699_999, 1), (700_000, 0)]
+        reads = [("pc/v", dst + 450_000 * i, n, off) for i, (off, n) in enumerate(ranges)]
+        for (_, addr, n, off), r in zip(reads, c.batch_xfer(reads, is_write=False), strict=True):
+            assert r.ok, r
+            got = pool.reshape(-1)[addr - pool.ctypes.data : addr - pool.ctypes.data + n]
+            assert got.tobytes() == value[off : off + n].tobytes()
+        past, absent = c.batch_xfer(
+            [("pc/v", dst, 10, 699_995), ("pc/none", dst, 10, 0)], is_write=False
+        )
+        assert past.kind is ResultKind.MISS
+        assert "700000 bytes" in past.cause
+        assert absent == (ResultKind.MISS, "not found")
+
+
+def test_xfer_small_and_spilled_values(fabric: Fabric, tmp_path: Path) -> None:
+    srv = InProcessServer(fabric, tmp_path, memory=2 * MB, lanes=1)
+    try:
+        with rdma_client(fabric, srv.address) as c:
+            pool = _registered_pool(c, 8)
+            rng = np.random.default_rng(7)
+            pool[:4] = rng.integers(0, 256, (4, MB), dtype=np.uint8)
+            base = pool.ctypes.data
+            for i in range(4):  # 4 MiB into 2 MiB of memory: the first ones spill
+                assert c.batch_xfer([(f"sp/{i}", base + i * MB, MB, 0)], is_write=True)[0].ok
+            tiny = [("sp/tiny", base + 3 * MB + 5, 3000, 0)]
+            assert c.batch_xfer(tiny, is_write=True)[0].ok
+            assert srv.store.stats()["spill"]["items"] >= 1
+            out = base + 4 * MB
+            reads = [(f"sp/{i}", out + i * 300_000, 200_000, 123_456) for i in range(4)]
+            reads.append(("sp/tiny", out + 1_300_000, 1000, 2000))
+            assert all(c.batch_xfer(reads, is_write=False))
+            flat = pool.reshape(-1)
+            for i in range(4):
+                got = flat[4 * MB + i * 300_000 :][:200_000]
+                assert np.array_equal(got, pool[i, 123_456 : 123_456 + 200_000])
+            assert np.array_equal(flat[4 * MB + 1_300_000 :][:1000], pool[3, 2005:3005])
+    finally:
+        srv.stop()
+
+
+def test_xfer_rejects_bad_items_before_sending(
+    fabric: Fabric, rdma_server: InProcessServer
+) -> None:
+    with rdma_client(fabric, rdma_server.address) as c:
+        pool = _registered_pool(c, 2)
+        base = pool.ctypes.data
+        before = dict(fabric.ops)
+        with pytest.raises(LocalProtocolError, match="gap at byte 10"):
+            c.batch_xfer([("k", base, 10, 0), ("k", base, 10, 20)], is_write=True)
+        with pytest.raises(LocalProtocolError, match="overlap at byte 5"):
+            c.batch_xfer([("k", base, 10, 0), ("k", base, 10, 5)], is_write=True)
+        with pytest.raises(LocalProtocolError, match="gap at byte 0"):
+            c.batch_xfer([("k", base, 10, 4)], is_write=True)
+        with pytest.raises(LocalProtocolError, match="not inside a registered region"):
+            c.batch_xfer([("k", base + 2 * MB - 5, 10, 0)], is_write=False)
+        with pytest.raises(LocalProtocolError, match="invalid value_offset -1"):
+            c.batch_xfer([("k", base, 10, -1)], is_write=False)
+        with pytest.raises(LocalProtocolError, match="invalid address"):
+            c.batch_xfer([("k", bytearray(10), 10, 0)], is_write=False)  # type: ignore[list-item]
+        assert fabric.ops == before
+        c.batch_xfer([("k", base, 10, 4)], is_write=False)  # a range read may start anywhere
+
+
+def test_xfer_server_checks_the_pieces_too(fabric: Fabric, rdma_server: InProcessServer) -> None:
+    with rdma_client(fabric, rdma_server.address) as c:
+        pool = _registered_pool(c, 1)
+        rkey = c._rdma.find(pool.ctypes.data, 1).rkey  # type: ignore[union-attr]
+        bad = [(b"k", 0, 10, pool.ctypes.data, rkey), (b"k", 15, 10, pool.ctypes.data, rkey)]
+        meta = p.encode_xfer(True, bad)
+        with pytest.raises(ServerError, match="do not tile"):
+            c._pools[0].run(lambda s: s.tcp.call(p.Op.RDMA_XFER, meta))
+        assert c.exists(["k"]) == [False]
+
+
+def test_xfer_failed_transfer_discards_the_whole_value(
+    fabric: Fabric, rdma_server: InProcessServer
+) -> None:
+    with rdma_client(fabric, rdma_server.address) as c:
+        pool = _registered_pool(c, 4)
+        pool[0] = 7
+        base = pool.ctypes.data
+        fabric.fail_next(1)
+        halves = [("ff/1", base, MB // 2, 0), ("ff/1", base + MB // 2, MB // 2, MB // 2)]
+        results = c.batch_xfer(halves, is_write=True)
+        assert [r.kind for r in results] == [ResultKind.SERVER] * 2
+        assert "TRANSFER_FAILED" in results[0].cause
+        assert c.exists(["ff/1"]) == [False]
+        assert all(c.batch_xfer(halves, is_write=True))
+        fabric.fail_next(1)
+        (r,) = c.batch_xfer([("ff/1", base + MB, MB, 0)], is_write=False)
+        assert r.kind is ResultKind.SERVER
+        assert c.batch_xfer([("ff/1", base + MB, MB, 0)], is_write=False)[0].ok
+        assert (pool[1] == 7).all()
+
+
+def test_xfer_without_rdma_is_a_transport_result(server: ServerProcess) -> None:
+    with Client(servers=[server.address], auth_key=KEY_HEX, transport="tcp") as c:
+        buf = np.zeros(MB, dtype=np.uint8)
+        c.register_region(buf.ctypes.data, buf.nbytes)  # a no-op over TCP
+        for is_write in (True, False):
+            results = c.batch_xfer([("nr/1", buf.ctypes.data, MB, 0)] * 1, is_write)
+            assert [r.kind for r in results] == [ResultKind.TRANSPORT]
+            assert results[0].cause.startswith("RDMA required")
+            assert "transport=tcp" in results[0].cause
+        assert c.exists(["nr/1"]) == [False]  # nothing went over TCP instead
+        assert c.batch_xfer([], is_write=True) == []
+        with pytest.raises(LocalProtocolError, match="gap"):  # input is still checked
+            c.batch_xfer([("nr/1", buf.ctypes.data, 10, 3)], is_write=True)
+
+
+def test_xfer_to_a_server_without_rdma(fabric: Fabric, server: ServerProcess) -> None:
+    with rdma_client(fabric, server.address, transport="auto") as c:
+        pool = _registered_pool(c, 1)
+        (r,) = c.batch_xfer([("nr/2", pool.ctypes.data, 100, 0)], is_write=True)
+        assert r.kind is ResultKind.TRANSPORT
+        assert r.cause.startswith("RDMA required")
+        assert server.address in r.cause
+        assert c.exists(["nr/2"]) == [False]
+
+
+def test_xfer_to_a_server_that_does_not_advertise_it(
+    fabric: Fabric, rdma_server: InProcessServer
+) -> None:
+    info = rdma_server.server.info
+    rdma_server.server.info = dataclasses.replace(info, xfer=False)  # an older server
+    with rdma_client(fabric, rdma_server.address) as c:
+        pool = _registered_pool(c, 1)
+        (r,) = c.batch_xfer([("old/1", pool.ctypes.data, 100, 0)], is_write=True)
+        assert r.kind is ResultKind.SERVER
+        assert r.cause.startswith("UNSUPPORTED")
+        assert c.exists(["old/1"]) == [False]

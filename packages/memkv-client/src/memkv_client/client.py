@@ -43,6 +43,7 @@ T = TypeVar("T")
 _MIN_SPLIT = 8 << 20  # split a server's batch across connections above this many bytes
 _EXISTS_CHUNK = 512  # keys per EXISTS request (keys are small; meta stays < 1 MiB)
 Item = tuple[bytes | str, BufferOrAddress, int]
+XferItem = tuple[bytes | str, int, int, int]  # key, address, length, value_offset
 
 
 class Client:
@@ -80,6 +81,7 @@ class Client:
             key = dev_key()
         self._signer = Signer(key)
         self._router = Router(config.servers)
+        self._no_rdma = "transport=tcp"  # why there is no RDMA engine (for batch_xfer)
         self._rdma = self._select_rdma(verbs_backend)
         self._pools = [self._make_pool(i, addr) for i, addr in enumerate(config.servers)]
         workers = min(256, max(4, len(config.servers) * config.num_connections))
@@ -106,6 +108,7 @@ class Client:
             if want:
                 raise RdmaUnavailableError(f"transport={self.config.transport.value}: {reason}")
             log.info("memkv: RDMA unavailable (%s); using TCP", reason)
+            self._no_rdma = f"transport=auto found no RDMA: {reason}"
             return None
         return RdmaEngine(backend, self.config)
 
@@ -157,12 +160,17 @@ class Client:
         return out
 
     def _chunks(
-        self, positions: list[int], sizes: Sequence[int], max_items: int
+        self,
+        positions: list[int],
+        sizes: Sequence[int],
+        max_items: int,
+        together: Sequence[bytes] | None = None,
     ) -> list[list[int]]:
         """Split one server's items into requests: at most ``max_items`` items and
         ``max_request_mb`` of values each, and (for big batches) spread over up to
         ``num_connections`` requests of at least ``_MIN_SPLIT`` bytes so they run in
-        parallel."""
+        parallel. With ``together`` (a key per position, equal keys adjacent), a run of
+        equal keys is never split across requests."""
         total = sum(sizes[i] for i in positions)
         ways = max(1, min(self.config.num_connections, total // _MIN_SPLIT, len(positions)))
         per_request = min(self._max_request, -(-total // ways))
@@ -171,7 +179,8 @@ class Client:
         cur_bytes = 0
         for pos in positions:
             n = sizes[pos]
-            if cur and (len(cur) >= max_items or cur_bytes + n > per_request):
+            full = len(cur) >= max_items or cur_bytes + n > per_request
+            if cur and full and (together is None or together[pos] != together[cur[-1]]):
                 chunks.append(cur)
                 cur, cur_bytes = [], 0
             cur.append(pos)
@@ -185,13 +194,21 @@ class Client:
         keys: list[bytes],
         sizes: Sequence[int],
         op: Callable[[Any, list[int]], list[ItemResult]],
+        keep_keys_together: bool = False,
     ) -> list[ItemResult]:
         self._check_open()
         results: list[ItemResult] = [ItemResult(ResultKind.TRANSPORT, "not attempted")] * len(keys)
         tasks: list[Callable[[], tuple[list[int], list[ItemResult]]]] = []
         for server, positions in self._router.group(keys).items():
             pool = self._pools[server]
-            for chunk in self._chunks(positions, sizes, self._max_items):
+            together = None
+            if keep_keys_together:  # equal keys adjacent, in order of first appearance
+                first: dict[bytes, int] = {}
+                for pos in positions:
+                    first.setdefault(keys[pos], pos)
+                positions = sorted(positions, key=lambda pos: (first[keys[pos]], pos))
+                together = keys
+            for chunk in self._chunks(positions, sizes, self._max_items, together):
 
                 def task(
                     pool: ServerPool[Any] = pool, chunk: list[int] = chunk
@@ -314,6 +331,61 @@ class Client:
             return [result_from_status(c, n) for c, n in pairs]
 
         return self._batch(keys, [len(v) for v in views], op)
+
+    def batch_xfer(self, items: Iterable[XferItem], is_write: bool) -> list[ItemResult]:
+        """Move ``(key, address, length, value_offset)`` items with one-sided RDMA.
+
+        The server drives the transfer (RDMA READ from the caller's memory for a write,
+        RDMA WRITE into it for a read) against memory given to :meth:`register_region`;
+        the TCP connection carries only control messages. **RDMA only**: there is no
+        TCP fallback (the address may be device memory), so without RDMA every item
+        is a ``transport`` result whose cause starts with ``"RDMA required"``.
+
+        * Read (``is_write=False``): bytes ``[value_offset, +length)`` of the stored
+          value. ``miss`` if absent or shorter than ``value_offset + length``.
+        * Write: the items of one key are the pieces of one new value; they must
+          cover ``[0, value length)`` exactly. The value replaces the old one once
+          every piece has arrived, and all its pieces share one result.
+
+        :raises LocalProtocolError: a bad key, address, length or offset; write pieces
+            that do not tile their value; memory outside registered regions (RDMA).
+        """
+        keys: list[bytes] = []
+        wire: list[tuple[bytes, int, int, int]] = []
+        for key, addr, length, offset in items:
+            k = as_key(key)
+            for name, v in (("address", addr), ("length", length), ("value_offset", offset)):
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise LocalProtocolError(
+                        f"batch_xfer: invalid {name} {v!r} for key {k[:40]!r}: use an int >= 0"
+                    )
+            self._check_value_len(offset + length, k)
+            keys.append(k)
+            wire.append((k, addr, length, offset))
+        if is_write:
+            try:
+                p.xfer_pieces([(k, offset, n, 0, 0) for k, _, n, offset in wire])
+            except p.FrameError as exc:
+                raise LocalProtocolError(f"batch_xfer: {exc}") from None
+        self._check_open()
+        if self._rdma is None:
+            cause = f"RDMA required: batch_xfer has no TCP fallback ({self._no_rdma})"
+            return [ItemResult(ResultKind.TRANSPORT, cause)] * len(keys)
+        for k, addr, n, _ in wire:
+            if n and self._rdma.find(addr, n) is None:
+                raise LocalProtocolError(
+                    f"batch_xfer: [{addr:#x}, +{n}) for key {k[:40]!r} is not inside a "
+                    "registered region; call register_region first"
+                )
+
+        def op(session: Any, chunk: list[int]) -> list[ItemResult]:
+            if not session.rdma:
+                cause = f"RDMA required: {session.address} serves no RDMA (no TCP fallback)"
+                return [ItemResult(ResultKind.TRANSPORT, cause)] * len(chunk)
+            pairs = session.xfer([wire[i] for i in chunk], is_write)
+            return [result_from_status(c, n) for c, n in pairs]
+
+        return self._batch(keys, [w[2] for w in wire], op, keep_keys_together=is_write)
 
     def put(self, key: bytes | str, data: BufferOrAddress) -> None:
         """Store one value; raises on failure."""

@@ -28,6 +28,9 @@ PREFIX_SIZE = HEADER_SIZE + MAC_SIZE  # 64
 FLAG_RESPONSE = 0x0001
 KNOWN_FLAGS = FLAG_RESPONSE
 
+HELLO_RDMA = 0x01  #: HELLO reply flags: the server serves one-sided RDMA
+HELLO_XFER = 0x02  #: HELLO reply flags: the server implements RDMA_XFER
+
 MAX_KEY_LEN = 512
 MAX_BATCH_ITEMS = 1024
 MAX_META_LEN = 1 << 20
@@ -39,6 +42,7 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _STATUS_LEN = struct.Struct("<BQ")
 _ADDR_RKEY = struct.Struct("<QQI")  # length, remote address, rkey
+_XFER_ITEM = struct.Struct("<QQQI")  # value offset, length, remote address, rkey
 _HELLO_REQ = struct.Struct("<BB")
 _HELLO_RESP = struct.Struct("<BHIIQQB")
 
@@ -56,6 +60,7 @@ class Op(enum.IntEnum):
     RDMA_CONNECT = 0x08
     RDMA_PUT = 0x09
     RDMA_GET = 0x0A
+    RDMA_XFER = 0x0B
 
 
 class Status(enum.IntEnum):
@@ -276,6 +281,59 @@ def decode_remote_items(
     return out
 
 
+def encode_xfer(is_write: bool, items: Sequence[tuple[bytes, int, int, int, int]]) -> bytes:
+    """RDMA_XFER: ``u8 is_write, u32 count, count x (key, u64 value_offset, u64 len,
+    u64 addr, u32 rkey)``."""
+    parts = [bytes([int(is_write)]), _U32.pack(len(items))]
+    for k, offset, n, addr, rkey in items:
+        parts.append(_key(k))
+        parts.append(_XFER_ITEM.pack(offset, n, addr, rkey))
+    return b"".join(parts)
+
+
+def decode_xfer(
+    meta: bytes, limit: int = MAX_BATCH_ITEMS
+) -> tuple[bool, list[tuple[bytes, int, int, int, int]]]:
+    r = Reader(meta)
+    direction = r.u8()
+    if direction > 1:
+        raise FrameError(Status.INVALID_REQUEST, f"RDMA_XFER direction {direction} (0 or 1)")
+    out = []
+    for _ in range(r.count(limit)):
+        k = r.key()
+        out.append((k, r.u64(), r.u64(), r.u64(), r.u32()))
+    r.end()
+    return bool(direction), out
+
+
+def xfer_pieces(
+    items: Sequence[tuple[bytes, int, int, int, int]],
+) -> dict[bytes, tuple[int, list[int]]]:
+    """Group RDMA_XFER *write* items by key: ``{key: (value length, item indices)}``.
+
+    The items of one key are the pieces of one new value; together they must cover
+    ``[0, value length)`` exactly, without gaps or overlaps. Raises :class:`FrameError`
+    (INVALID_REQUEST) otherwise.
+    """
+    groups: dict[bytes, list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(item[0], []).append(i)
+    out: dict[bytes, tuple[int, list[int]]] = {}
+    for key, idx in groups.items():
+        end = 0
+        for i in sorted(idx, key=lambda i: items[i][1]):
+            offset, n = items[i][1], items[i][2]
+            if offset != end:
+                what = "overlap" if offset < end else "gap"
+                raise FrameError(
+                    Status.INVALID_REQUEST,
+                    f"pieces of {key[:40]!r} do not tile the value ({what} at byte {min(offset, end)})",
+                )
+            end = offset + n
+        out[key] = (end, idx)
+    return out
+
+
 # --- per-opcode metadata (responses) ---------------------------------------------------
 
 
@@ -291,6 +349,7 @@ class ServerInfo:
     max_bulk_len: int
     rdma: bool
     server_id: str
+    xfer: bool = False  #: RDMA_XFER is implemented (HELLO flag bit 1)
 
 
 def encode_hello_reply(info: ServerInfo) -> bytes:
@@ -302,7 +361,7 @@ def encode_hello_reply(info: ServerInfo) -> bytes:
             info.max_meta_len,
             info.max_value_len,
             info.max_bulk_len,
-            int(info.rdma),
+            (HELLO_RDMA if info.rdma else 0) | (HELLO_XFER if info.xfer else 0),
         )
         + info.server_id.encode()
     )
@@ -313,7 +372,9 @@ def decode_hello_reply(meta: bytes) -> ServerInfo:
         raise FrameError(Status.MESSAGE_TOO_SHORT, "HELLO reply truncated")
     v, klen, batch, mlen, vlen, blen, flags = _HELLO_RESP.unpack_from(meta)
     sid = bytes(meta[_HELLO_RESP.size :]).decode(errors="replace")
-    return ServerInfo(v, klen, batch, mlen, vlen, blen, bool(flags & 1), sid)
+    return ServerInfo(
+        v, klen, batch, mlen, vlen, blen, bool(flags & HELLO_RDMA), sid, bool(flags & HELLO_XFER)
+    )
 
 
 def encode_flags(values: Sequence[int]) -> bytes:

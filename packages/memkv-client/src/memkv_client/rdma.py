@@ -19,13 +19,14 @@ import ctypes
 import itertools
 import logging
 import mmap
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 from . import protocol as p
 from .config import Config, Transport
-from .errors import MemKVError, RdmaUnavailableError, TransportError
+from .errors import LocalProtocolError, MemKVError, RdmaUnavailableError, TransportError
 from .protocol import Op, Status
 from .server.storage import BLOCK_SIZE, Entry, Reservation, Store
 from .session import TcpSession
@@ -179,6 +180,8 @@ class RdmaEngine:
 class RdmaSession:
     """A TCP control session plus a connected queue pair; bulk data moves one-sided."""
 
+    rdma = True  #: one-sided RDMA data path (``batch_xfer`` needs it)
+
     def __init__(self, tcp: TcpSession, qp: QueuePair, engine: RdmaEngine) -> None:
         self.tcp = tcp
         self.qp = qp
@@ -287,6 +290,26 @@ class RdmaSession:
                 self.engine.give_slot(slot)
         return out
 
+    def xfer(
+        self, items: Sequence[tuple[bytes, int, int, int]], is_write: bool
+    ) -> list[tuple[int, int]]:
+        """RDMA_XFER of ``(key, addr, length, value_offset)`` items in registered memory.
+
+        Per-item ``(status, value length)``. A server that does not advertise RDMA_XFER
+        gets nothing sent: every item is UNSUPPORTED.
+        """
+        if not self.info.xfer:
+            return [(int(Status.UNSUPPORTED), 0)] * len(items)
+        wire = []
+        for key, addr, n, offset in items:
+            mr = self.engine.find(addr, n)
+            if mr is None:  # the Client checks first; a region deregistered meanwhile
+                raise LocalProtocolError(f"[{addr:#x}, +{n}) is not in a registered region")
+            wire.append((key, offset, n, addr, mr.rkey))
+        _, reply = self.tcp.call(Op.RDMA_XFER, p.encode_xfer(is_write, wire))
+        pairs: list[tuple[int, int]] = self.tcp._decode(p.decode_status_lengths, reply, len(items))
+        return pairs
+
     def close(self) -> None:
         self.qp.close()
         self.tcp.close()
@@ -335,13 +358,17 @@ class RdmaPeer:
             self._bounce = _Pinned(self.r.backend, self.BOUNCE)
         return self._bounce
 
-    def _segments(self, e: Entry) -> list[tuple[int, int]]:
-        """(local address, length) of an in-arena entry's blocks."""
-        segs, left = [], e.length
-        for b in e.blocks:
-            n = min(left, BLOCK_SIZE)
-            segs.append((self.r.store.arena.base + b * BLOCK_SIZE, n))
-            left -= n
+    def _segments(self, e: Entry, offset: int = 0, n: int | None = None) -> list[tuple[int, int]]:
+        """(local address, length) of bytes ``[offset, +n)`` of an in-arena entry."""
+        base = self.r.store.arena.base
+        pos = offset
+        end = e.length if n is None else offset + n
+        segs = []
+        while pos < end:
+            inner = pos % BLOCK_SIZE
+            k = min(BLOCK_SIZE - inner, end - pos)
+            segs.append((base + e.blocks[pos // BLOCK_SIZE] * BLOCK_SIZE + inner, k))
+            pos += k
         return segs
 
     WINDOW = 128  # work requests in flight per queue pair (well below its depth)
@@ -411,31 +438,102 @@ class RdmaPeer:
         return out
 
     def _write_entry(self, store: Store, e: Entry, raddr: int, rkey: int) -> bool:
-        if e.length == 0:
+        return self._write_range(store, e, 0, e.length, raddr, rkey)
+
+    def _write_range(
+        self, store: Store, e: Entry, offset: int, n: int, raddr: int, rkey: int
+    ) -> bool:
+        """RDMA WRITE bytes ``[offset, +n)`` of a pinned entry to ``raddr``."""
+        if n == 0:
             return True
         if e.path is None and e.small is None:
             posts, off = [], 0
-            for addr, seg in self._segments(e):
+            for addr, seg in self._segments(e, offset, n):
                 posts.append((True, self.r.arena_mr, addr, seg, raddr + off, rkey))
                 off += seg
             return self._run(posts)
         b = self.bounce
         if e.small is not None:
-            b.view[: e.length] = e.small
-            return self._run([(True, b.mr, b.addr, e.length, raddr, rkey)])
-        import os
-
+            b.view[:n] = e.small[offset : offset + n]
+            return self._run([(True, b.mr, b.addr, n, raddr, rkey)])
         fd = store.open_spilled(e)
         try:
             off = 0
-            while off < e.length:
-                n = os.preadv(fd, [b.view[: min(self.BOUNCE, e.length - off)]], off)
-                if n <= 0 or not self._run([(True, b.mr, b.addr, n, raddr + off, rkey)]):
+            while off < n:
+                k = os.preadv(fd, [b.view[: min(self.BOUNCE, n - off)]], offset + off)
+                if k <= 0 or not self._run([(True, b.mr, b.addr, k, raddr + off, rkey)]):
                     return False
-                off += n
+                off += k
         finally:
             os.close(fd)
         return True
+
+    def _read_range(self, res: Reservation, offset: int, n: int, raddr: int, rkey: int) -> bool:
+        """RDMA READ ``n`` bytes from ``raddr`` into bytes ``[offset, +n)`` of a reservation."""
+        if n == 0:
+            return True
+        if res.entry.small is not None:
+            b = self.bounce
+            if not self._run([(False, b.mr, b.addr, n, raddr, rkey)]):
+                return False
+            res.views[0][offset : offset + n] = b.view[:n]
+            return True
+        posts, off = [], 0
+        for addr, seg in self._segments(res.entry, offset, n):
+            posts.append((False, self.r.arena_mr, addr, seg, raddr + off, rkey))
+            off += seg
+        return self._run(posts)
+
+    def serve_xfer(
+        self, store: Store, is_write: bool, items: list[tuple[bytes, int, int, int, int]]
+    ) -> list[tuple[int, int]]:
+        """RDMA_XFER: per-item ``(status, value length)``; see docs/memkv-protocol.md.
+
+        Reads copy ``[value_offset, +len)`` of the stored value to the client (NOT_FOUND,
+        or SIZE_MISMATCH if the value is shorter). Writes assemble each key's pieces
+        into one new value that becomes visible only once every piece has arrived.
+        """
+        if not is_write:
+            out: list[tuple[int, int]] = []
+            for key, offset, n, raddr, rkey in items:
+                e = store.pin(key)
+                if e is None:
+                    out.append((Status.NOT_FOUND, 0))
+                    continue
+                try:
+                    if offset + n > e.length:
+                        out.append((Status.SIZE_MISMATCH, e.length))
+                    elif self._write_range(store, e, offset, n, raddr, rkey):
+                        out.append((Status.OK, e.length))
+                    else:
+                        out.append((Status.TRANSFER_FAILED, e.length))
+                finally:
+                    store.unpin(e)
+            return out
+        results: list[tuple[int, int]] = [(Status.SERVER_ERROR, 0)] * len(items)
+        for key, (total, idx) in p.xfer_pieces(items).items():
+            res = store.reserve(key, total)
+            if not isinstance(res, Reservation):
+                for i in idx:
+                    results[i] = (res, total)
+                continue
+            ok = True
+            try:
+                for i in idx:
+                    _, offset, n, raddr, rkey = items[i]
+                    if not self._read_range(res, offset, n, raddr, rkey):
+                        ok = False
+                        break
+            except BaseException:
+                store.abort(res)
+                raise
+            if ok:
+                store.commit(res)
+            else:
+                store.abort(res)
+            for i in idx:
+                results[i] = (Status.OK if ok else Status.TRANSFER_FAILED, total)
+        return results
 
     def close(self) -> None:
         self.qp.close()

@@ -94,6 +94,8 @@ def send_views(sock: socket.socket, head: bytes, views: Sequence[memoryview]) ->
 class TcpSession:
     """A connected, version-negotiated session."""
 
+    rdma = False  #: one-sided RDMA data path (``batch_xfer`` needs it)
+
     def __init__(self, address: str, config: Config, signer: Signer, bind: str | None = None):
         self.address = address
         self._signer = signer

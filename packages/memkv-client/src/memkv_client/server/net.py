@@ -76,6 +76,7 @@ class MemKVServer:
             p.DEFAULT_MAX_BULK_LEN,
             rdma is not None,
             self.server_id,
+            xfer=rdma is not None,
         )
 
     @property
@@ -183,6 +184,7 @@ class _Connection:
             Op.RDMA_CONNECT: self._rdma_connect,
             Op.RDMA_PUT: self._rdma_put,
             Op.RDMA_GET: self._rdma_get,
+            Op.RDMA_XFER: self._rdma_xfer,
         }
 
     def stop_if_idle(self) -> None:
@@ -306,7 +308,7 @@ class _Connection:
         info = self.server.info
         reply = p.ServerInfo(
             version, info.max_key_len, info.max_batch_items, info.max_meta_len,
-            info.max_value_len, info.max_bulk_len, info.rdma, info.server_id,
+            info.max_value_len, info.max_bulk_len, info.rdma, info.server_id, info.xfer,
         )  # fmt: skip
         self.sock.sendall(self._reply(h, p.encode_hello_reply(reply)))
 
@@ -425,4 +427,12 @@ class _Connection:
             raise FrameError(Status.INVALID_REQUEST, "RDMA_GET before RDMA_CONNECT")
         items = p.decode_remote_items(meta, self.server.max_batch_items)
         out = self.rdma_peer.serve_get(self.store, items)
+        self.sock.sendall(self._reply(h, p.encode_status_lengths(out)))
+
+    def _rdma_xfer(self, h: Header, meta: bytes) -> None:
+        self._require_rdma()
+        if self.rdma_peer is None:
+            raise FrameError(Status.INVALID_REQUEST, "RDMA_XFER before RDMA_CONNECT")
+        is_write, items = p.decode_xfer(meta, self.server.max_batch_items)
+        out = self.rdma_peer.serve_xfer(self.store, is_write, items)
         self.sock.sendall(self._reply(h, p.encode_status_lengths(out)))
