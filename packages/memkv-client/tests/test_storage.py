@@ -218,3 +218,50 @@ def test_spill_capacity_evicts_oldest_file(tmp_path: Path) -> None:
 def test_bad_lane_counts(lanes: int) -> None:
     with pytest.raises(ValueError, match="lanes"):
         Store(4 * MB, lanes=lanes, prefault=False)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_exists_lease_keeps_a_value_until_it_is_read() -> None:
+    clock = FakeClock()
+    store = Store(2 * MB, lanes=1, prefault=False, lease_s=30, clock=clock)
+    put(store, b"k", b"v" * MB)
+    put(store, b"o", b"o" * MB)
+    assert store.exists([b"k"]) == [True]  # leased until now + 30 s
+    assert store.exists([b"o"]) == [True]  # leased too, and now the MRU
+    clock.now += 31  # both leases over: plain LRU again
+    assert store.exists([b"k"]) == [True]  # k leased and MRU; o (LRU) is not leased
+    put(store, b"a", b"a" * MB)  # evicts o
+    put(store, b"b", b"b" * MB)  # k is the LRU but leased: evicts a instead
+    assert store.exists([b"o", b"a"]) == [False, False]
+    assert read(store, b"k") == b"v" * MB
+    assert store.stats()["lanes"][0]["lease_breaks"] == 0
+
+
+def test_lease_is_best_effort_when_everything_is_leased() -> None:
+    clock = FakeClock()
+    store = Store(2 * MB, lanes=1, prefault=False, lease_s=30, clock=clock)
+    put(store, b"k", b"v" * MB)
+    put(store, b"o", b"o" * MB)
+    assert store.exists([b"k", b"o"]) == [True, True]
+    assert put(store, b"a", b"a" * MB) is Status.OK  # a write never fails for a lease
+    assert store.exists([b"k", b"o", b"a"]) == [False, True, True]  # the LRU one went
+    assert store.stats()["lanes"][0]["lease_breaks"] == 1
+
+
+def test_lease_expires() -> None:
+    clock = FakeClock()
+    store = Store(2 * MB, lanes=1, prefault=False, lease_s=30, clock=clock)
+    put(store, b"k", b"v" * MB)
+    assert store.exists([b"k"]) == [True]
+    put(store, b"o", b"o" * MB)
+    clock.now += 30.5
+    put(store, b"a", b"a" * MB)  # k's lease is over: k is evicted as the LRU value
+    assert store.exists([b"k", b"o"]) == [False, True]
+    assert store.stats()["lanes"][0]["lease_breaks"] == 0

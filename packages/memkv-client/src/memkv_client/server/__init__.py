@@ -48,6 +48,12 @@ def add_serve_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dir-capacity", default=None, help="spill size limit (default 4x memory)")
     ap.add_argument("--replay-window-ms", type=int, default=30000, help="timestamp window")
     ap.add_argument(
+        "--exists-lease-ms",
+        type=int,
+        default=30000,
+        help="an EXISTS that finds a value shields it from eviction this long (0 = off)",
+    )
+    ap.add_argument(
         "--rdma", choices=["auto", "on", "off"], default="auto", help="serve one-sided RDMA"
     )
     ap.add_argument("--rdma-devices", default="", help="comma-separated device names (any)")
@@ -66,13 +72,21 @@ def serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--lanes {args.lanes} out of range 1..1024")
         if args.replay_window_ms < 1:
             raise ValueError("--replay-window-ms must be positive")
+        if args.exists_lease_ms < 0:
+            raise ValueError("--exists-lease-ms must be >= 0")
         key = load_config().auth_key
         if key is None:
             if not is_loopback(host):
                 raise ValueError("MEMKV_AUTH_KEY is required to listen on a non-loopback address")
             key = dev_key()
         spill = SpillDir(args.dir, spill_cap) if args.dir else None
-        store = Store(memory, args.lanes, spill, prefault=not args.no_prefault)
+        store = Store(
+            memory,
+            args.lanes,
+            spill,
+            prefault=not args.no_prefault,
+            lease_s=args.exists_lease_ms / 1000,
+        )
     except (ValueError, ConfigError, OSError) as exc:
         print(f"memkv serve: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,13 @@ order. A lane may borrow free memory beyond its share; when memory is full, the 
 is the LRU value of the lane itself if it is at or over its share, otherwise of the
 lane furthest over its share. So a lane within its share is never evicted by another.
 
+**Lookup leases.** With ``lease_s > 0``, an ``exists`` that finds a value leases it for
+``lease_s`` seconds (a later ``exists`` extends the lease): a reader that asked first
+finds it when it comes to read. Eviction passes over leased values (moving each to the
+MRU end, at most ``LEASE_SKIPS`` per victim) and takes the first unleased one. Leases are
+best effort: if the lane holds nothing else, the LRU leased value is evicted anyway and
+counted in the lane's ``lease_breaks``, so a lease never makes a write fail.
+
 **Consistency.** Readers *pin* an entry under the lock and read it outside the lock.
 An overwrite or eviction unlinks the entry from the index at once but frees its memory
 only when the last pin goes, so a reader sees the whole old value or (if it looks
@@ -27,17 +34,18 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..protocol import Status
 from .spill import SpillDir
 
-__all__ = ["BLOCK_SIZE", "Entry", "Reservation", "Store", "namespace_of"]
+__all__ = ["BLOCK_SIZE", "LEASE_SKIPS", "Entry", "Reservation", "Store", "namespace_of"]
 
 BLOCK_SIZE = 256 << 10
 SMALL_MAX = 64 << 10
+LEASE_SKIPS = 64  # leased values passed over per eviction before one lease is broken
 
 
 def namespace_of(key: bytes) -> bytes:
@@ -97,6 +105,7 @@ class Entry:
     refs: int = 0
     linked: bool = True  # still reachable from the index
     freed: bool = False
+    lease_until: float = 0.0  # eviction passes over it until then (monotonic seconds)
 
 
 @dataclass(eq=False)
@@ -116,6 +125,7 @@ class LaneStats:
     misses: int = 0
     evictions: int = 0
     spills: int = 0
+    lease_breaks: int = 0
     lru: OrderedDict[bytes, Entry] = field(default_factory=OrderedDict)
 
 
@@ -129,9 +139,13 @@ class Store:
         spill: SpillDir | None = None,
         prefault: bool = True,
         wait_timeout: float = 5.0,
+        lease_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if lanes < 1:
             raise ValueError("lanes must be >= 1")
+        if lease_s < 0:
+            raise ValueError("lease_s must be >= 0")
         if capacity < lanes * BLOCK_SIZE:
             raise ValueError(f"capacity must be at least lanes x {BLOCK_SIZE} bytes")
         capacity -= capacity % BLOCK_SIZE
@@ -145,6 +159,8 @@ class Store:
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
         self._wait = wait_timeout
+        self.lease_s = lease_s
+        self._clock = clock
         self._disk: OrderedDict[bytes, Entry] = OrderedDict()
         self._spilling: dict[bytes, Entry] = {}  # victims being written out, by key
         self.counters = {"puts": 0, "gets": 0, "deletes": 0, "disk_hits": 0, "no_space": 0}
@@ -155,13 +171,17 @@ class Store:
     # --- reads --------------------------------------------------------------------------
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
-        """Presence of each key; touches LRU order. Never waits for eviction or I/O."""
+        """Presence of each key; touches LRU order and leases what it finds (``lease_s``).
+        Never waits for eviction or I/O."""
         out = []
         with self._lock:
+            until = self._clock() + self.lease_s if self.lease_s > 0 else 0.0
             for k in keys:
                 e = self._index.get(k)
                 if e is not None:
                     self._touch(e)
+                    if until > e.lease_until:
+                        e.lease_until = until
                 out.append(e is not None)
         return out
 
@@ -255,7 +275,7 @@ class Store:
                 victim_lane = max(over, key=lambda ln: ln.used - ln.share) if over else lane
             if not victim_lane.lru:
                 return Status.NO_SPACE  # everything left is pinned/in flight: wait
-            _, victim = victim_lane.lru.popitem(last=False)
+            victim = self._pop_victim(victim_lane)
             victim_lane.evictions += 1
             if self.spill is not None and victim.length <= self.spill.capacity:
                 victim.refs += 1  # keep its memory while it is written out
@@ -265,6 +285,24 @@ class Store:
                 return Status.NO_SPACE
             self._unlink(victim)
         return Status.OK
+
+    def _pop_victim(self, lane: LaneStats) -> Entry:
+        """Under the lock: take the lane's LRU value that holds no lease (see the module
+        docstring); after ``LEASE_SKIPS`` leased ones, the LRU one, lease or not."""
+        lru = lane.lru
+        if self.lease_s > 0:
+            now = self._clock()
+            for _ in range(min(LEASE_SKIPS, len(lru))):
+                key, e = next(iter(lru.items()))
+                if e.lease_until <= now:
+                    break
+                lru.move_to_end(key)  # leased: a second chance, at the MRU end
+            else:
+                _, e = next(iter(lru.items()))
+                if e.lease_until > now:
+                    lane.lease_breaks += 1
+        _, victim = lru.popitem(last=False)
+        return victim
 
     def commit(self, res: Reservation) -> None:
         """Publish a filled reservation, replacing any previous value of the key."""
@@ -395,6 +433,7 @@ class Store:
                         "misses": ln.misses,
                         "evictions": ln.evictions,
                         "spills": ln.spills,
+                        "lease_breaks": ln.lease_breaks,
                     }
                     for i, ln in enumerate(self.lanes)
                 ],
