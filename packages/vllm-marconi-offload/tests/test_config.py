@@ -60,3 +60,24 @@ def test_bad_values_name_the_key(extra: dict[str, object], message: str) -> None
 def test_lru_takes_no_marconi_options() -> None:
     config = OffloadConfig.from_extra_config({"eviction_policy": "lru", "eviction_decay": 0.1})
     assert config.eviction_options == {}
+
+
+def test_gpu_data_path_environment_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_marconi_offload.cuda_mover import DEFAULT_STAGING_BYTES, staging_bytes_from_env
+    from vllm_marconi_offload.worker import copy_mode_from_env
+
+    monkeypatch.delenv("VLLM_MARCONI_OFFLOAD_STAGING_MIB", raising=False)
+    assert staging_bytes_from_env() == DEFAULT_STAGING_BYTES
+    monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_STAGING_MIB", "512")
+    assert staging_bytes_from_env() == 512 << 20
+    for bad in ("2GiB", "0", "-1"):
+        monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_STAGING_MIB", bad)
+        with pytest.raises(ConfigError, match=r"VLLM_MARCONI_OFFLOAD_STAGING_MIB.*positive"):
+            staging_bytes_from_env()
+    monkeypatch.delenv("VLLM_MARCONI_OFFLOAD_COPY", raising=False)
+    assert copy_mode_from_env() == "async"
+    monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_COPY", "generic")
+    assert copy_mode_from_env() == "generic"
+    monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_COPY", "fast")
+    with pytest.raises(ConfigError, match="accepted values are async, generic"):
+        copy_mode_from_env()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .block_copy import LayerBytes
+from .config import ConfigError
 
 STAGING_ENV = "VLLM_MARCONI_OFFLOAD_STAGING_MIB"
 DEFAULT_STAGING_BYTES = 2 << 30  # whole 16k-token prefill chunk of an 8B model
@@ -37,8 +38,19 @@ def slot_runs(slots: Sequence[int]) -> Iterator[tuple[int, int, int]]:
 
 def staging_bytes_from_env() -> int:
     """GPU bytes the staging ring may use (`VLLM_MARCONI_OFFLOAD_STAGING_MIB`)."""
-    value = os.environ.get(STAGING_ENV)
-    return int(value) << 20 if value else DEFAULT_STAGING_BYTES
+    value = os.environ.get(STAGING_ENV, "").strip()
+    if not value:
+        return DEFAULT_STAGING_BYTES
+    try:
+        mib = int(value)
+    except ValueError:
+        mib = 0
+    if mib < 1:
+        raise ConfigError(
+            f"{STAGING_ENV}={value!r}: expected a positive whole number of MiB "
+            f"(default {DEFAULT_STAGING_BYTES >> 20})"
+        )
+    return mib << 20
 
 
 @dataclass

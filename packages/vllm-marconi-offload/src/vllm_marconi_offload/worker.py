@@ -22,6 +22,7 @@ import torch
 from kvpool_mmap import StoreConfig, open_l1_rank
 
 from .block_copy import BlockCopier, physical_layout
+from .config import ConfigError
 from .cuda_mover import CudaBlockMover, staging_bytes_from_env
 from .layout import SlotLayout
 from .log import logger
@@ -29,7 +30,17 @@ from .metadata import OffloadMetadata, StoreCompletions, TransferJob
 from .pool import publish_physical_layout
 
 COPY_ENV = "VLLM_MARCONI_OFFLOAD_COPY"
+COPY_MODES = ("async", "generic")
 _K = TypeVar("_K")
+
+
+def copy_mode_from_env() -> str:
+    """`VLLM_MARCONI_OFFLOAD_COPY`: `async` (default; CUDA side stream where possible) or
+    `generic` (synchronous torch copies)."""
+    mode = os.environ.get(COPY_ENV, "").strip() or "async"
+    if mode not in COPY_MODES:
+        raise ConfigError(f"{COPY_ENV}={mode!r}: accepted values are {', '.join(COPY_MODES)}")
+    return mode
 
 
 class OffloadWorker:
@@ -50,6 +61,7 @@ class OffloadWorker:
 
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         """Map the KV cache tensors and create this rank's L1 file."""
+        mode = copy_mode_from_env()
         self._copier = BlockCopier(self._layout, kv_caches)
         store_config = publish_physical_layout(
             self._store_config, self._rank, physical_layout(self._layout, kv_caches)
@@ -59,7 +71,7 @@ class OffloadWorker:
         registered = bool(first.is_cuda and l1.register_cuda())
         self._l1 = l1
         self._pool = l1.torch_view()
-        if registered and os.environ.get(COPY_ENV, "async") != "generic":
+        if registered and mode == "async":
             self._mover = CudaBlockMover(
                 self._copier.layers, first.device, staging_bytes_from_env()
             )
