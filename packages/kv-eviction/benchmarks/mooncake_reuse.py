@@ -6,9 +6,10 @@ Prints (all from the trace alone, no tuning):
 
 1. reuse gaps (in requests) by how often the block's chain root was requested before;
 2. P(a block is used again | its uses so far);
-3. per class (uses so far x gap since the previous use), the share of accesses whose next
-   use Bélády serves from the cache at `--capacity`: how well those online-visible
-   features separate what the optimum keeps from what it drops;
+3. block reuses that LRU and Bélády serve at `--capacity`, by gap since the previous use;
+   and per class (uses so far x gap since the previous use), the share of accesses whose
+   next use Bélády serves: how well those online-visible features separate what the
+   optimum keeps from what it drops;
 4. token hit rate of three heap-compatible rules built on those features, next to LRU and
    Bélády: fresh blocks evicted before reused ones; a new suffix after a prefix hit aged by
    one turnover; a hash-chosen quarter of the chain roots kept 2 turnovers longer (a
@@ -166,6 +167,12 @@ def reuse_structure(trace: Trace) -> None:
             last[key] = index
             uses[key] += 1
         root_seen[request.blocks[0]] += 1
+    once = sum(1 for count in root_seen.values() if count == 1)
+    single = sum(1 for count in uses.values() if count == 1)
+    print(
+        f"{len(root_seen):,} chain roots, {once:,} of them requested once; "
+        f"{single:,} of {len(uses):,} unique blocks used once\n"
+    )
     print("## Reuse gap (requests) by requests of the chain root seen before\n")
     print("| root seen before | reuses | p10 | median | p75 |\n|---:|---:|---:|---:|---:|")
     for seen, values in sorted(gaps.items()):
@@ -188,18 +195,38 @@ def reuse_structure(trace: Trace) -> None:
         print(f"| {label} | {total[k]:,} | {again[k] / total[k]:.2f} |")
 
 
-def belady_keeps(trace: Trace, capacity: int) -> None:
-    requests = trace.requests
-    oracle = BeladyPolicy.for_requests(r.blocks for r in requests)
+def _served(trace: Trace, policy: EvictionPolicy, capacity: int) -> set[tuple[Hashable, int]]:
+    """(key, request index) of every block reuse served from the cache."""
     served: set[tuple[Hashable, int]] = set()
-    touch = oracle.touch
+    touch = policy.touch
 
     def recording_touch(key: Hashable) -> None:
-        served.add((key, oracle.stats().now))
+        served.add((key, policy.stats().now))
         touch(key)
 
-    oracle.touch = recording_touch  # type: ignore[method-assign]
-    simulate(trace, oracle, capacity)
+    policy.touch = recording_touch  # type: ignore[method-assign]
+    simulate(trace, policy, capacity)
+    return served
+
+
+def belady_keeps(trace: Trace, capacity: int) -> None:
+    requests = trace.requests
+    served = _served(trace, BeladyPolicy.for_requests(r.blocks for r in requests), capacity)
+    by_lru = _served(trace, make_policy("lru"), capacity)
+    last_seen: dict[Hashable, int] = {}
+    counts: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for index, request in enumerate(requests):
+        for key in request.blocks:
+            if key in last_seen:
+                row = counts[_gap_bucket(index - last_seen[key])]
+                row[0] += (key, index) in by_lru
+                row[1] += (key, index) in served
+            last_seen[key] = index
+    print(f"\n## Block reuses served at {capacity:,} blocks, by gap since the previous use\n")
+    print("| gap (requests) | LRU | Bélády |\n|---|---:|---:|")
+    for bucket in ("<30", "<100", "<300", ">=300"):
+        print(f"| {bucket} | {counts[bucket][0]:,} | {counts[bucket][1]:,} |")
+    print(f"| all | {len(by_lru):,} | {len(served):,} |")
     when: defaultdict[Hashable, list[int]] = defaultdict(list)
     for index, request in enumerate(requests):
         for key in request.blocks:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kv_eviction import AutoPolicy, make_policy, simulate
 from kv_eviction.auto import Candidate
-from kv_eviction.synthetic import rag, sessions
+from kv_eviction.synthetic import GENERATORS, rag, sessions
 from reference import ReferencePolicy
 
 OPS = st.lists(
@@ -82,6 +82,19 @@ def test_auto_stays_lru_where_recency_wins() -> None:
     auto = AutoPolicy()
     result = simulate(trace, auto, 400)
     assert auto.current.name == "lru"
+    assert result.token_hit_rate >= lru.token_hit_rate
+
+
+@pytest.mark.parametrize(
+    ("generator", "count", "capacity"),
+    [("agents", 60, 150), ("sessions", 80, 300), ("rag", 800, 100)],
+)
+def test_auto_never_below_lru_on_small_synthetic_traces(
+    generator: str, count: int, capacity: int
+) -> None:
+    trace = GENERATORS[generator](seed=3, count=count)
+    lru = simulate(trace, make_policy("lru"), capacity)
+    result = simulate(trace, AutoPolicy(), capacity)
     assert result.token_hit_rate >= lru.token_hit_rate
 
 
