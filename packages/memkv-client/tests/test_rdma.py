@@ -270,6 +270,15 @@ def test_real_device_loopback(tmp_path: Path) -> None:
             out = bytearray(len(value))
             assert c.batch_get_into([("hw/1", out, len(out))])[0].ok
             assert out == value
+            pool = np.zeros((2, 2 * MB), dtype=np.uint8)
+            pool[0] = np.frombuffer(value, dtype=np.uint8)
+            c.register_region(pool.ctypes.data, pool.nbytes)
+            base = pool.ctypes.data
+            halves = [("hw/2", base, MB, 0), ("hw/2", base + MB, MB, MB)]
+            assert all(c.batch_xfer(halves, is_write=True))
+            assert all(c.batch_xfer([("hw/2", base + 2 * MB, 2 * MB, 0)], is_write=False))
+            assert np.array_equal(pool[0], pool[1])
+            c.deregister_region(base)
     finally:
         server.request_stop()
         th.join(30)
