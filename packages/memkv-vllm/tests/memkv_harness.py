@@ -48,6 +48,7 @@ class MemKVServer:
     log_path: Path
     memory: str = "256MiB"
     lanes: int = 4
+    exists_lease_ms: int | None = None  # None: the server's default
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
 
@@ -58,6 +59,8 @@ class MemKVServer:
     def start(self) -> MemKVServer:
         cmd = [sys.executable, "-m", "memkv_client.cli", "serve",
                "--listen", self.address, "--memory", self.memory, "--lanes", str(self.lanes)]  # fmt: skip
+        if self.exists_lease_ms is not None:
+            cmd += ["--exists-lease-ms", str(self.exists_lease_ms)]
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30

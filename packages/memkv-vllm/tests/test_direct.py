@@ -73,11 +73,14 @@ def test_direct_server_restart_between_lookup_and_load_recomputes(
     assert "6 of 6 blocks not loaded; vLLM recomputes them" in run.log
 
 
-def test_direct_value_evicted_between_lookup_and_load_recomputes(
-    start_engine: Any, tiny_llama: str, baseline: EngineRun, tmp_path: Path
-) -> None:
-    # one lane of 512 KiB holds ~16 blocks of 32 KiB: P3 and the filler evict P1's (LRU)
-    memkv = MemKVServer(tmp_path / "small.log", memory="512KiB", lanes=1).start()
+def _evicting_run(
+    start_engine: Any, tiny_llama: str, tmp_path: Path, exists_lease_ms: int | None
+) -> tuple[EngineRun, int, int]:
+    """P1 looked up and loaded, then P3 and a filler stored into one lane of 512 KiB
+    (~16 blocks of 32 KiB): LRU alone evicts P1's blocks; then P1 again."""
+    memkv = MemKVServer(
+        tmp_path / "small.log", memory="512KiB", lanes=1, exists_lease_ms=exists_lease_ms
+    ).start()
     try:
         spec = {
             "model": tiny_llama,
@@ -87,11 +90,30 @@ def test_direct_value_evicted_between_lookup_and_load_recomputes(
             ),
         }
         run = start_engine(spec, **memkv.env()).result()
-        evictions = sum(int(ln["evictions"]) for ln in memkv.stats()["store"]["lanes"])
+        lanes = memkv.stats()["store"]["lanes"]
     finally:
         memkv.stop()
+    return run, sum(int(ln["evictions"]) for ln in lanes), int(lanes[0]["lease_breaks"])
+
+
+def test_direct_value_evicted_between_lookup_and_load_recomputes(
+    start_engine: Any, tiny_llama: str, baseline: EngineRun, tmp_path: Path
+) -> None:
+    run, evictions, _ = _evicting_run(start_engine, tiny_llama, tmp_path, exists_lease_ms=0)
     assert evictions >= 6, evictions
     assert run.cached(1) == [6 * BLOCK], run.cached(1)
     assert run.tokens(3) == [baseline.tokens(0)[0]]
     assert run.cached(3) == [0], run.cached(3)  # recomputed
     assert "blocks not loaded; vLLM recomputes them" in run.log
+
+
+def test_direct_exists_lease_keeps_looked_up_values_until_the_load(
+    start_engine: Any, tiny_llama: str, baseline: EngineRun, tmp_path: Path
+) -> None:
+    # the server's default lease: P1's lookup shields its blocks; the others are evicted
+    run, evictions, lease_breaks = _evicting_run(start_engine, tiny_llama, tmp_path, None)
+    assert evictions >= 6, evictions
+    assert lease_breaks == 0
+    assert run.tokens(3) == [baseline.tokens(0)[0]]
+    assert run.cached(3) == [6 * BLOCK], run.cached(3)  # loaded from MemKV
+    assert "blocks not loaded" not in run.log

@@ -11,6 +11,7 @@ from memkv_harness import MemKVServer
 from memkv_vllm import register
 from memkv_vllm.config import ConfigError, DirectConfig, TierConfig
 from memkv_vllm.jobs import JobOutcome, JobRunner
+from memkv_vllm.load_errors import LoadErrors, attached, current
 from memkv_vllm.lookup import Answer, BatchedLookup
 from memkv_vllm.naming import MAX_NAME, TierNamer, direct_key, direct_prefix
 from memkv_vllm.weights import weights_fingerprint
@@ -133,6 +134,38 @@ def test_lookup_round_that_hangs_or_fails_resolves_as_absent() -> None:
     lookup.close()
 
 
+def test_forget_drops_cached_answers_and_the_round_in_flight() -> None:
+    gate = threading.Event()
+    present = [True]
+
+    def exists(names: list[bytes]) -> list[bool]:
+        gate.wait(10)
+        return [present[0]] * len(names)
+
+    lookup = BatchedLookup(exists, hit_ttl=60, miss_ttl=60, timeout=5)
+    lookup.query(b"a")
+    lookup.flush()
+    gate.set()
+    while lookup.pending():
+        lookup.flush()
+    assert lookup.query(b"a") is Answer.HIT
+    gate.clear()
+    lookup.query(b"b")
+    lookup.flush()  # b's round asked before the value went away ...
+    lookup.forget()  # ... and a load then found it gone
+    assert lookup.query(b"a") is Answer.PENDING  # asks MemKV again
+    gate.set()
+    while lookup.pending():
+        lookup.flush()
+    present[0] = False
+    assert lookup.query(b"b") is Answer.PENDING  # the stale round's answer was dropped
+    lookup.flush()
+    while lookup.pending():
+        lookup.flush()
+    assert lookup.query_all([b"a", b"b"]) is Answer.MISS
+    lookup.close()
+
+
 def test_store_backlog_sheds_over_its_byte_limit() -> None:
     gate = threading.Event()
 
@@ -222,3 +255,21 @@ def test_hash_seed_warning_follows_the_vllm_version(monkeypatch: Any) -> None:
         assert hash_seed_problem() is None
     else:  # <= 0.28: random per process
         assert "seeds block hashes per process" in (hash_seed_problem() or "")
+
+
+def test_load_errors_reach_only_what_is_built_under_the_connector() -> None:
+    assert current() is None  # the plain OffloadingConnector: workers fail such loads
+    errors = LoadErrors()
+    seen: list[str] = []
+    with attached(errors):
+        assert current() is errors
+        current_errors = current()
+        assert current_errors is not None
+        current_errors.on_scheduler_failure(lambda: seen.append("forget"))
+    assert current() is None
+    errors.add_blocks([3, 4])
+    errors.add_blocks([4, 9])
+    assert errors.take_blocks() == {3, 4, 9}
+    assert errors.take_blocks() == set()  # handed to vLLM once
+    errors.scheduler_saw_failure()
+    assert seen == ["forget"]

@@ -126,9 +126,12 @@ class BatchedLookup:
                     self._marked[n] = 0.0  # the flying round's answer is stale for n
 
     def forget(self) -> None:
-        """Drop every cached answer (vLLM's ``reset_cache``)."""
+        """Drop every cached answer, and the answers of a round still in flight (vLLM's
+        ``reset_cache``, or a load that found a value gone)."""
         with self._lock:
             self._known.clear()
+            if self._round is not None:
+                self._marked.update(dict.fromkeys(self._inflight, 0.0))
 
     def pending(self) -> bool:
         with self._lock:
