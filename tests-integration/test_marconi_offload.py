@@ -67,19 +67,19 @@ def test_l1_hits_after_prefix_cache_reset_give_identical_tokens(
     assert hit_percent(run, "l2") == 0
 
 
-def test_l2_serves_what_l1_evicted(
-    tiny_llama: str, run_engine: Callable[..., EngineRun], baseline: EngineRun, tmp_path: Path
-) -> None:
+def evict_a_to_l2(model: str, tmp_path: Path, **extra: object) -> dict[str, object]:
+    """A spec: A is stored, four other prompts push it out of a 24-slot L1 into L2, then A
+    comes back with vLLM's own cache emptied."""
     others = [make_prompt(seed=100 + i, blocks=16) for i in range(4)]
-    l1_bytes = 24 * 32768  # 24 slots of 32 KiB (2 layers): far less than the 80 blocks below
-    spec = {
-        "model": tiny_llama,
+    return {
+        "model": model,
         "kv_transfer_config": connector_config(
             cpu_pool_path=str(tmp_path / "l1"),
-            cpu_bytes_to_use=l1_bytes,
+            cpu_bytes_to_use=24 * 32768,  # 24 slots of 32 KiB (2 layers): far below 80 blocks
             l2_pool_path=str(tmp_path / "l2"),
             l2_bytes_to_use=64 << 20,
             eviction_policy="lru",  # A is the least recently used: L1 must drop it first
+            **extra,
         ),
         "phases": [
             {"prompts": [PROMPT_A]},
@@ -87,7 +87,12 @@ def test_l2_serves_what_l1_evicted(
             {"reset_prefix_cache": True, "prompts": [PROMPT_A]},
         ],
     }
-    run = run_engine(spec)
+
+
+def test_l2_serves_what_l1_evicted(
+    tiny_llama: str, run_engine: Callable[..., EngineRun], baseline: EngineRun, tmp_path: Path
+) -> None:
+    run = run_engine(evict_a_to_l2(tiny_llama, tmp_path))
     assert run.tokens(2) == baseline.tokens(0)[:1]
     assert run.cached(2) == [full_blocks(PROMPT_A)]
     assert hit_percent(run, "l2") > 0
@@ -98,24 +103,7 @@ def test_l2_hit_is_recomputed_when_loading_it_would_be_slower(
 ) -> None:
     """The scenario above on a disk assumed to read 1 byte/s: reading 512 KiB would take days,
     so the connector must let vLLM recompute, and say so."""
-    others = [make_prompt(seed=100 + i, blocks=16) for i in range(4)]
-    spec = {
-        "model": tiny_llama,
-        "kv_transfer_config": connector_config(
-            cpu_pool_path=str(tmp_path / "l1"),
-            cpu_bytes_to_use=24 * 32768,
-            l2_pool_path=str(tmp_path / "l2"),
-            l2_bytes_to_use=64 << 20,
-            eviction_policy="lru",
-            l2_read_bytes_per_s=1,
-        ),
-        "phases": [
-            {"prompts": [PROMPT_A]},
-            {"prompts": others},
-            {"reset_prefix_cache": True, "prompts": [PROMPT_A]},
-        ],
-    }
-    run = run_engine(spec)
+    run = run_engine(evict_a_to_l2(tiny_llama, tmp_path, l2_read_bytes_per_s=1))
     assert run.tokens(2) == baseline.tokens(0)[:1]
     assert run.cached(2) == [0]
     assert hit_counts(run)["l2_skipped_blocks"] == full_blocks(PROMPT_A) // BLOCK
