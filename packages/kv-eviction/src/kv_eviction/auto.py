@@ -12,6 +12,19 @@ Measuring age in inserted blocks and scaling the decay by the capacity makes `c`
 decay per cache turnover, a unit that means the same at every size and rate, so no
 candidate is tuned to one trace; `lru` is the candidate with pure recency.
 
+A candidate may also be a *doorkeeper* (the admission idea of TinyLFU, Einziger et al.,
+ACM TOS 2017, and of 2Q's ghost queue, Johnson and Shasha, VLDB '94, applied inside the
+eviction order since every block is stored): a block stored for the first time, i.e. not
+evicted within the last `GHOST_TURNOVERS` to twice that many turnovers (a Bloom-filter
+ghost of evicted keys, `_ghost.py`), and not hit since, is evicted before every other
+block, oldest first. Where most blocks are used once and the rest return after longer
+than one turnover (long-document QA, RAG questions), LRU's horizon is spent on one-shot
+blocks; the doorkeeper gives it to blocks that have come back. Where the next request
+reuses what was just written (multi-turn chat, agents), it is wrong, and the shadows
+keep it out. The main cache feeds its ghost on every eviction whatever its rule, but looks
+a stored key up only while a doorkeeper rule is current; after a switch to one, the
+re-scoring pass looks up the keys stored before it that were never hit.
+
 Alongside, each candidate runs a miniature simulation (Waldspurger et al., "Cache
 Modeling and Optimization using Miniature Simulations", USENIX ATC '17): a shadow cache
 that sees only the keys whose hash falls in a sample of rate R = min(1, S / C) and holds
@@ -21,7 +34,8 @@ insert or touch the main cache sees is one access for the shadows. After each ep
 hits (exponentially averaged over epochs) becomes the main rule if it leads the current
 one by more than the `switch_margin` (5%) and by more than `switch_sigmas` (2) standard
 deviations of the hit counts (treated as Poisson), in `confirm_epochs` (3) epochs in a
-row, so near-ties and passing phases cause no churn (a switch costs hits while the cache
+row (the leader may change between those epochs: near-tied leaders do not restart the
+count), so near-ties and passing phases cause no churn (a switch costs hits while the cache
 re-forms); scores are averaged with weight `smoothing` (0.8) on the past. The first
 candidate, `lru`, is the safe default: as soon as its shadow leads the current rule by
 more than the noise, the policy falls back to it without waiting. Switching re-scores
@@ -43,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._chainheap import SEQ_BITS, SLOT_BITS, ChainHeapPolicy
+from ._ghost import Ghost
 from .marconi import float_order_bits
 from .policy import register_policy, reject_unknown_options
 
@@ -65,6 +80,9 @@ class Candidate:
     """`linear` (use count), `log` (log1p of the use count) or `recency` (LRU)."""
     depth_weight: float = 0.0
     decay_per_turnover: float = 0.0
+    doorkeeper: bool = False
+    """Blocks stored for the first time (not evicted within the last few turnovers) and
+    not hit since are evicted before every other block, oldest first."""
 
     def log_key(self, uses: int, depth: int, last_use: int, capacity: int) -> float:
         """The rule's log-space key (lower is evicted first)."""
@@ -84,7 +102,15 @@ DEFAULT_CANDIDATES: tuple[Candidate, ...] = (
     Candidate("marconi-decay-1", reuse="linear", depth_weight=1.0, decay_per_turnover=1.0),
     Candidate("marconi-decay-4", reuse="linear", depth_weight=1.0, decay_per_turnover=4.0),
     Candidate("log-decay-1", reuse="log", decay_per_turnover=1.0),
+    Candidate("doorkeeper-lru", reuse="recency", doorkeeper=True),
+    Candidate("doorkeeper-lfu-decay-1", decay_per_turnover=1.0, doorkeeper=True),
 )
+
+GHOST_TURNOVERS = 4
+"""The doorkeeper's memory: keys evicted within the last 4 to 8 capacities' worth of
+evictions count as seen before (16 bytes per tracked key, see `_ghost.py`)."""
+_PROBATION = -1 << SEQ_BITS
+"""Priority base of a doorkeeper's first-time block: below every other rule's priority."""
 
 
 class CandidatePolicy(ChainHeapPolicy):
@@ -99,17 +125,43 @@ class CandidatePolicy(ChainHeapPolicy):
         """Capacity C used by the decay; 0 until known."""
         self.clock = 0
         """Inserted blocks so far: the age unit."""
+        self.ghost: Ghost | None = None
+        """Recently evicted keys, once the capacity is known (`set_ghost`)."""
         self._uses = array("I")
         self._depth = array("I")
         self._last = array("q")
+        self._first_time = bytearray()
 
     def _grow(self) -> None:
         self._uses.append(0)
         self._depth.append(0)
         self._last.append(0)
+        self._first_time.append(0)
+
+    def set_ghost(self, capacity: int) -> None:
+        """Size the doorkeeper's memory for `capacity` keys (kept if already that size)."""
+        window = max(1, GHOST_TURNOVERS * capacity)
+        if self.ghost is None or self.ghost.window != window:
+            self.ghost = Ghost(window)
+
+    def pop_victims(self, n: int) -> list[Hashable]:
+        victims = super().pop_victims(n)
+        ghost = self.ghost
+        if ghost is not None:
+            for key in victims:
+                ghost.add(key)
+        return victims
+
+    def remove(self, key: Hashable) -> None:
+        super().remove(key)
+        if self.ghost is not None:
+            self.ghost.add(key)
 
     def _priority(self, slot: int, seq: int) -> int:
-        if self.candidate.reuse == "recency":
+        candidate = self.candidate
+        if candidate.doorkeeper and self._first_time[slot]:
+            return _PROBATION | seq
+        if candidate.reuse == "recency":
             return seq
         key = self.candidate.log_key(
             self._uses[slot], self._depth[slot], self._last[slot], self.capacity
@@ -118,12 +170,18 @@ class CandidatePolicy(ChainHeapPolicy):
 
     def _priority_on_insert(self, slot: int, depth: int, seq: int) -> int:
         self.clock += 1
+        if self.candidate.doorkeeper:
+            ghost = self.ghost
+            self._first_time[slot] = ghost is None or self._keys[slot] not in ghost
+        else:
+            self._first_time[slot] = 0  # not looked up: ordered as seen before
         self._uses[slot] = 1
         self._depth[slot] = depth
         self._last[slot] = self.clock
         return self._priority(slot, seq)
 
     def _priority_on_touch(self, slot: int, seq: int) -> int:
+        self._first_time[slot] = 0
         uses = self._uses[slot]
         if uses < 0xFFFFFFFF:
             self._uses[slot] = uses + 1
@@ -253,12 +311,19 @@ class AutoPolicy(CandidatePolicy):
         children = self._children
         pins = self._pins
         heap = self._heap
+        # keys stored before a switch to a doorkeeper were not looked up: do it now (a
+        # key that is cached and remembered as evicted was stored again after eviction)
+        ghost = self.ghost if self.candidate.doorkeeper else None
+        uses = self._uses
+        first_time = self._first_time
         stop = min(self._rescore_next + RESCORE_STEP, self._rescore_end)
         for slot in range(self._rescore_next, stop):
             key = keys[slot]
             item = index.get(key)
             if item is None or item & _SLOT_MASK != slot:
                 continue  # a free slot or a removed parent
+            if ghost is not None and uses[slot] == 1:
+                first_time[slot] = key not in ghost
             seq = (item >> SLOT_BITS) & _SEQ_MASK
             new = (self._priority(slot, seq) << SLOT_BITS) | slot
             if new == item:
@@ -330,8 +395,12 @@ class AutoPolicy(CandidatePolicy):
             self.capacity = capacity  # LRU keys do not depend on the capacity
         else:
             self.start_rescore(self.current, capacity)
+        if any(c.doorkeeper for c in self.candidates):
+            self.set_ghost(capacity)
         limit = capacity >> self._shift
         for shadow in self._shadows:
+            if shadow.cache.candidate.doorkeeper:
+                shadow.cache.set_ghost(max(limit, 1))
             shadow.cache.rescore(shadow.cache.candidate, capacity)
             if len(shadow.cache) > limit:
                 shadow.cache.pop_victims(len(shadow.cache) - limit)
@@ -357,7 +426,9 @@ class AutoPolicy(CandidatePolicy):
         if best == self._current or lead <= max(self.switch_margin * current, noise):
             self._lead_epochs = 0
             return
-        self._lead_epochs = self._lead_epochs + 1 if best == self._leader else 1
+        # epochs in a row in which some candidate beat the current rule; near-tied
+        # leaders (say, two doorkeeper rules) do not restart the count
+        self._lead_epochs += 1
         self._leader = best
         if self._lead_epochs >= self.confirm_epochs:
             self._switch(best)

@@ -1,0 +1,56 @@
+"""A bounded memory of recently evicted keys: two generations of a blocked Bloom filter.
+
+`auto`'s doorkeeper rules ask one question at insert: has this key been cached before
+(within the last few cache turnovers)? Keeping the keys themselves would cost a dict entry
+per remembered key; this filter costs 2 bytes per remembered key in each generation and
+one byte probe per operation: a key sets 2 of the 8 bits of one byte chosen by its hash
+(a Bloom filter blocked to one byte, Putze et al., "Cache-, hash- and space-efficient
+bloom filters", WEA '07). A key added is remembered until at least `window` further keys
+have been added (at most `2 x window`): when the current generation has taken `window`
+keys it becomes the old one and the previous old one is dropped. A never-seen key is
+reported as seen with probability about 3.5% per full generation (7% when both are full,
+measured); that only makes the doorkeeper treat a one-shot key like a repeated one, as
+LRU treats every key. Dropping a generation allocates a new one: one O(window) step per
+`window` additions, amortized like the heap rebuild of `_chainheap.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+__all__ = ["Ghost"]
+
+BYTES_PER_KEY = 2
+"""Filter bytes per key of one generation."""
+_MULT = 0xD6E8FEB86659FD93  # differs from the shadow-sampling multiplier in auto.py
+_MASK64 = (1 << 64) - 1
+
+
+class Ghost:
+    """Remembers the last `window` to `2 x window` keys added (approximately, see above)."""
+
+    __slots__ = ("_bytes", "_current", "_old", "_taken", "window")
+
+    def __init__(self, window: int) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1; got {window}")
+        self.window = window
+        self._bytes = BYTES_PER_KEY * window
+        self._current = bytearray(self._bytes)
+        self._old = bytearray(self._bytes)
+        self._taken = 0
+
+    def add(self, key: Hashable) -> None:
+        h = (hash(key) * _MULT) & _MASK64
+        self._current[h % self._bytes] |= (1 << (h >> 61)) | (1 << ((h >> 58) & 7))
+        self._taken += 1
+        if self._taken >= self.window:
+            self._old = self._current
+            self._current = bytearray(self._bytes)
+            self._taken = 0
+
+    def __contains__(self, key: object) -> bool:
+        h = (hash(key) * _MULT) & _MASK64
+        i = h % self._bytes
+        bits = (1 << (h >> 61)) | (1 << ((h >> 58) & 7))
+        return self._current[i] & bits == bits or self._old[i] & bits == bits

@@ -1,0 +1,137 @@
+"""`auto`'s doorkeeper rules and the ghost filter behind them."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from kv_eviction import AutoPolicy, make_policy, simulate
+from kv_eviction._ghost import Ghost
+from kv_eviction.auto import Candidate, CandidatePolicy
+from kv_eviction.trace import Request, Trace
+from reference import ReferencePolicy
+
+DOORKEEPER = Candidate("doorkeeper-lru", reuse="recency", doorkeeper=True)
+LRU = Candidate("lru", reuse="recency")
+
+
+def test_ghost_remembers_the_last_window_and_forgets_older_keys() -> None:
+    ghost = Ghost(1000)
+    for key in range(1000):
+        ghost.add(key)
+    assert all(key in ghost for key in range(1000))  # no false negatives
+    for key in range(1000, 3000):
+        ghost.add(key)  # two more generations: the first 1,000 keys are dropped
+    assert all(key in ghost for key in range(2000, 3000))
+    forgotten = sum(key in ghost for key in range(1000))
+    assert forgotten < 150  # only false positives remain (about 7% with both generations full)
+
+
+def test_ghost_false_positive_rate() -> None:
+    ghost = Ghost(10_000)
+    for key in range(10_000):
+        ghost.add(("seen", key))
+    false = sum(("never", key) in ghost for key in range(10_000))
+    assert false < 600  # ~3.5% for one full generation
+
+
+def test_ghost_rejects_an_empty_window() -> None:
+    with pytest.raises(ValueError, match="window"):
+        Ghost(0)
+
+
+def test_first_time_blocks_go_first_and_a_returning_block_is_ordered_by_recency() -> None:
+    policy = CandidatePolicy(DOORKEEPER, capacity=3)
+    policy.set_ghost(3)
+    policy.insert("x")
+    policy.insert("y")
+    assert policy.pop_victims(1) == ["x"]  # first-timers leave oldest first
+    policy.insert("x")  # evicted before, so seen before: an ordinary LRU entry
+    policy.insert("z")  # first time
+    assert policy.pop_victims(3) == ["y", "z", "x"]  # LRU would give y, x, z
+
+
+def test_a_hit_ends_probation() -> None:
+    policy = CandidatePolicy(DOORKEEPER, capacity=3)
+    policy.set_ghost(3)
+    policy.insert("a")
+    policy.insert("b")
+    policy.touch("a")
+    assert policy.pop_victims(2) == ["b", "a"]
+
+
+def test_doorkeeper_keeps_chains_consistent() -> None:
+    policy = CandidatePolicy(DOORKEEPER, capacity=4)
+    policy.set_ghost(4)
+    policy.insert("old")
+    assert policy.pop_victims(1) == ["old"]
+    policy.insert("root")  # first time
+    policy.insert("old", parent="root", depth=1)  # seen before, child of a first-timer
+    policy.insert("new")  # first time
+    assert policy.pop_victims(3) == ["new", "old", "root"]
+
+
+def _scan_with_a_hot_set(rounds: int) -> Trace:
+    """30 chains of 4 blocks requested round-robin, 3 one-shot chains after each request.
+
+    A hot chain returns after 480 block stores, so LRU at 200 blocks never hits; the hot
+    set (120 blocks) fits if the one-shot chains are evicted first.
+    """
+    requests: list[Request] = []
+    one_shot = 10**6
+    for _ in range(rounds):
+        for hot in range(30):
+            requests.append(Request(len(requests), tuple((hot, i) for i in range(4)), 4 * 16))
+            for _ in range(3):
+                blocks = tuple((one_shot, i) for i in range(4))
+                requests.append(Request(len(requests), blocks, 4 * 16))
+                one_shot += 1
+    return Trace("scan", 16, requests)
+
+
+def test_auto_switches_to_a_doorkeeper_under_scans_and_beats_lru() -> None:
+    trace = _scan_with_a_hot_set(rounds=12)
+    lru = simulate(trace, make_policy("lru"), 200)
+    auto = AutoPolicy(min_epoch=512)
+    result = simulate(trace, auto, 200)
+    assert lru.token_hit_rate == 0.0
+    assert auto.current.doorkeeper
+    assert result.token_hit_rate > 0.1
+
+
+def test_victims_stay_leaves_while_doorkeeper_rules_switch_and_keys_return() -> None:
+    rng = random.Random(1)
+    policy = AutoPolicy(
+        candidates=(LRU, DOORKEEPER, Candidate("dk-lfu", decay_per_turnover=1.0, doorkeeper=True)),
+        sample_entries=4,
+        min_epoch=8,
+        switch_margin=0.0,
+        switch_sigmas=0.0,
+        confirm_epochs=1,
+    )
+    ref = ReferencePolicy("lru")
+    evicted: list[int] = []
+    next_key = 0
+    for _ in range(4000):
+        r = rng.random()
+        keys = list(ref.entries)
+        if r < 0.4 or not keys:
+            if evicted and rng.random() < 0.5:
+                key = evicted.pop(rng.randrange(len(evicted)))  # a returning key
+            else:
+                key, next_key = next_key, next_key + 1
+            parent = rng.choice(keys) if keys and rng.random() < 0.5 else None
+            policy.insert(key, parent=parent)
+            ref.insert(key, parent, 0)
+        elif r < 0.7:
+            policy.touch(rng.choice(keys))
+        else:
+            for victim in policy.pop_victims(rng.randint(1, 4)):
+                assert victim in ref.eligible()
+                ref.remove(victim)
+                evicted.append(victim)  # type: ignore[arg-type]
+    assert policy.switches > 0
+    while ref.entries:
+        (victim,) = policy.pop_victims(1)
+        assert victim in ref.eligible()
+        ref.remove(victim)
