@@ -42,7 +42,7 @@ class MemKVOffloadingConnector(c.offloading_connector_cls()):  # type: ignore[mi
         with attached(self._memkv_load_errors):
             return super().register_kv_caches(*args, **kwargs)
 
-    def register_cross_layers_kv_cache(self, *args: Any, **kwargs: Any) -> Any:
+    def register_cross_layers_kv_cache(self, *args: Any, **kwargs: Any) -> Any:  # <= 0.28
         with attached(self._memkv_load_errors):
             return super().register_cross_layers_kv_cache(*args, **kwargs)
 
