@@ -13,7 +13,8 @@ Prints (all from the trace alone, no tuning):
 4. token hit rate of three heap-compatible rules built on those features, next to LRU and
    Bélády: fresh blocks evicted before reused ones; a new suffix after a prefix hit aged by
    one turnover; a hash-chosen quarter of the chain roots kept 2 turnovers longer (a
-   stable subset, as bimodal insertion does against thrashing);
+   stable subset, as bimodal insertion does against thrashing); and `auto`'s doorkeeper
+   rule held fixed (blocks stored for the first time are evicted first);
 5. two oracles that bound what better predictions of those kinds could give: LRU that is
    told which accesses are a block's last (dead blocks are evicted first), and LFU that is
    told every block's total use count in the trace.
@@ -30,6 +31,7 @@ from collections.abc import Callable, Hashable
 
 from kv_eviction import BeladyPolicy, make_policy, simulate
 from kv_eviction._chainheap import SEQ_BITS, ChainHeapPolicy
+from kv_eviction.auto import Candidate, CandidatePolicy
 from kv_eviction.cli import load_trace
 from kv_eviction.policy import EvictionPolicy
 from kv_eviction.trace import Trace
@@ -112,6 +114,20 @@ class RootSubset(_ClockRule):
 
     def _shift(self, slot: int) -> int:
         return 2 * len(self._index) if self._flag[slot] else 0
+
+
+class FixedDoorkeeper(CandidatePolicy):
+    """`auto`'s `doorkeeper-lru` rule from the start; its ghost is sized at the first eviction."""
+
+    name = "doorkeeper-lru"
+
+    def __init__(self) -> None:
+        super().__init__(Candidate("doorkeeper-lru", reuse="recency", doorkeeper=True))
+
+    def pop_victims(self, n: int) -> list[Hashable]:
+        if self.ghost is None:
+            self.set_ghost(len(self))
+        return super().pop_victims(n)
 
 
 class DeadFirstOracle(_ClockRule):
@@ -269,6 +285,7 @@ def rules(trace: Trace, capacities: list[int]) -> None:
         ("fresh-first", FreshFirst),
         ("suffix-demote", SuffixDemote),
         ("root-subset", RootSubset),
+        ("doorkeeper-lru (fixed)", FixedDoorkeeper),
         (DeadFirstOracle.name, lambda: DeadFirstOracle(total)),
         (FrequencyOracle.name, lambda: FrequencyOracle(total)),
     ]

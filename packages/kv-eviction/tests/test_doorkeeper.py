@@ -60,15 +60,18 @@ def test_a_hit_ends_probation() -> None:
     assert policy.pop_victims(2) == ["b", "a"]
 
 
-def test_doorkeeper_keeps_chains_consistent() -> None:
+def test_a_block_under_a_new_prefix_is_new_and_chains_stay_consistent() -> None:
     policy = CandidatePolicy(DOORKEEPER, capacity=4)
     policy.set_ghost(4)
     policy.insert("old")
-    assert policy.pop_victims(1) == ["old"]
+    policy.insert("seen")
+    assert policy.pop_victims(2) == ["old", "seen"]
+    policy.insert("seen")  # seen before: ordinary LRU entry
     policy.insert("root")  # first time
-    policy.insert("old", parent="root", depth=1)  # seen before, child of a first-timer
+    policy.insert("old", parent="root", depth=1)  # its prefix is new, so it is new too
     policy.insert("new")  # first time
-    assert policy.pop_victims(3) == ["new", "old", "root"]
+    # first-timers oldest first, but the root only once its child is gone
+    assert policy.pop_victims(4) == ["old", "root", "new", "seen"]
 
 
 def _scan_with_a_hot_set(rounds: int) -> Trace:

@@ -17,6 +17,13 @@ a tracked child or a pin stay where they are until popped, then drop out, and ar
 pushed again when they become eligible (last child gone, last pin released). When the
 heap holds more than `COMPACT_FACTOR` times the tracked keys it is rebuilt from the
 index, so garbage stays bounded and every operation is O(log n) amortized.
+
+A policy may give a new key a negative priority (below every non-negative one, as `auto`'s
+doorkeeper rules do for first-time blocks). Those items go to a second heap, `_side`, on
+insert: they arrive in increasing order, so pushing them costs O(1) instead of a sift to
+the root of the main heap; victims come from whichever heap has the smaller top. Garbage
+in `_side` is dropped as it reaches the top; a rebuild moves everything to the main heap.
+`lru` and `marconi` never have negative priorities, so `_side` stays empty for them.
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ class ChainHeapPolicy(EvictionPolicy):
         self._in_heap = bytearray()
         self._free: list[int] = []
         self._heap: list[int] = []
+        self._side: list[int] = []
         self._seq = 0
         self._now = 0
         self._pinned = 0
@@ -104,7 +112,7 @@ class ChainHeapPolicy(EvictionPolicy):
         self._seq += 1
         item = (self._priority_on_insert(slot, depth, self._seq) << SLOT_BITS) | slot
         self._index[key] = item
-        heapq.heappush(self._heap, item)
+        heapq.heappush(self._side if item < 0 else self._heap, item)
         self._in_heap[slot] = 1
         self._inserts += 1
         self._maybe_compact()
@@ -156,10 +164,14 @@ class ChainHeapPolicy(EvictionPolicy):
     def pop_victims(self, n: int) -> list[Hashable]:
         victims: list[Hashable] = []
         heap = self._heap
+        side = self._side
         index = self._index
         keys = self._keys
-        while len(victims) < n and heap:
-            item = heapq.heappop(heap)
+        while len(victims) < n and (heap or side):
+            if side and (not heap or side[0] < heap[0]):
+                item = heapq.heappop(side)
+            else:
+                item = heapq.heappop(heap)
             slot = item & SLOT_MASK
             key = keys[slot]
             if index.get(key) != item:
@@ -268,4 +280,5 @@ class ChainHeapPolicy(EvictionPolicy):
                 heap.append(item)
         heapq.heapify(heap)
         self._heap = heap
+        self._side = []
         self._compactions += 1

@@ -18,39 +18,50 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-__all__ = ["Ghost"]
+__all__ = ["MASK64", "MULT", "Ghost", "probe"]
 
 BYTES_PER_KEY = 2
 """Filter bytes per key of one generation."""
-_MULT = 0xD6E8FEB86659FD93  # differs from the shadow-sampling multiplier in auto.py
-_MASK64 = (1 << 64) - 1
+MULT = 0xD6E8FEB86659FD93  # differs from the shadow-sampling multiplier in auto.py
+MASK64 = (1 << 64) - 1
 
 
 class Ghost:
-    """Remembers the last `window` to `2 x window` keys added (approximately, see above)."""
+    """Remembers the last `window` to `2 x window` keys added (approximately, see above).
 
-    __slots__ = ("_bytes", "_current", "_old", "_taken", "window")
+    `generations` is [current, old], replaced in place, so a caller may keep the list and
+    probe it inline (`probe`), which the doorkeeper's insert path does to save a call.
+    """
+
+    __slots__ = ("_taken", "generations", "size", "window")
 
     def __init__(self, window: int) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1; got {window}")
         self.window = window
-        self._bytes = BYTES_PER_KEY * window
-        self._current = bytearray(self._bytes)
-        self._old = bytearray(self._bytes)
+        self.size = BYTES_PER_KEY * window
+        """Bytes per generation."""
+        self.generations = [bytearray(self.size), bytearray(self.size)]
         self._taken = 0
 
     def add(self, key: Hashable) -> None:
-        h = (hash(key) * _MULT) & _MASK64
-        self._current[h % self._bytes] |= (1 << (h >> 61)) | (1 << ((h >> 58) & 7))
+        h = (hash(key) * MULT) & MASK64
+        generations = self.generations
+        generations[0][h % self.size] |= (1 << (h >> 61)) | (1 << ((h >> 58) & 7))
         self._taken += 1
         if self._taken >= self.window:
-            self._old = self._current
-            self._current = bytearray(self._bytes)
+            generations[1] = generations[0]
+            generations[0] = bytearray(self.size)
             self._taken = 0
 
     def __contains__(self, key: object) -> bool:
-        h = (hash(key) * _MULT) & _MASK64
-        i = h % self._bytes
-        bits = (1 << (h >> 61)) | (1 << ((h >> 58) & 7))
-        return self._current[i] & bits == bits or self._old[i] & bits == bits
+        return probe(self.generations, self.size, key)
+
+
+def probe(generations: list[bytearray], size: int, key: object) -> bool:
+    """Whether `key` is (probably) in a ghost with these `generations` of `size` bytes."""
+    h = (hash(key) * MULT) & MASK64
+    i = h % size
+    bits = (1 << (h >> 61)) | (1 << ((h >> 58) & 7))
+    current, old = generations
+    return current[i] & bits == bits or old[i] & bits == bits

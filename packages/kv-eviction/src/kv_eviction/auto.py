@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._chainheap import SEQ_BITS, SLOT_BITS, ChainHeapPolicy
+from ._ghost import MULT as _GHOST_MULT
 from ._ghost import Ghost
 from .marconi import float_order_bits
 from .policy import register_policy, reject_unknown_options
@@ -126,7 +127,7 @@ class CandidatePolicy(ChainHeapPolicy):
         self.clock = 0
         """Inserted blocks so far: the age unit."""
         self.ghost: Ghost | None = None
-        """Recently evicted keys, once the capacity is known (`set_ghost`)."""
+        """Recently evicted keys, while a doorkeeper needs them (`set_ghost`)."""
         self._uses = array("I")
         self._depth = array("I")
         self._last = array("q")
@@ -172,7 +173,17 @@ class CandidatePolicy(ChainHeapPolicy):
         self.clock += 1
         if self.candidate.doorkeeper:
             ghost = self.ghost
-            self._first_time[slot] = ghost is None or self._keys[slot] not in ghost
+            parent = self._parent[slot]
+            if ghost is None or (parent >= 0 and self._first_time[parent]):
+                # a block whose prefix is new is new: its hash covers the prefix, and a
+                # child leaves the cache (and enters the ghost) before its parent
+                self._first_time[slot] = 1
+            else:  # `key not in ghost`, inline: this is the doorkeeper's per-insert cost
+                h = (hash(self._keys[slot]) * _GHOST_MULT) & _MASK64
+                i = h % ghost.size
+                bits = (1 << (h >> 61)) | (1 << ((h >> 58) & 7))
+                current, old = ghost.generations
+                self._first_time[slot] = current[i] & bits != bits and old[i] & bits != bits
         else:
             self._first_time[slot] = 0  # not looked up: ordered as seen before
         self._uses[slot] = 1
@@ -395,7 +406,7 @@ class AutoPolicy(CandidatePolicy):
             self.capacity = capacity  # LRU keys do not depend on the capacity
         else:
             self.start_rescore(self.current, capacity)
-        if any(c.doorkeeper for c in self.candidates):
+        if self.ghost is not None:
             self.set_ghost(capacity)
         limit = capacity >> self._shift
         for shadow in self._shadows:
@@ -425,6 +436,7 @@ class AutoPolicy(CandidatePolicy):
             return
         if best == self._current or lead <= max(self.switch_margin * current, noise):
             self._lead_epochs = 0
+            self._update_ghost()
             return
         # epochs in a row in which some candidate beat the current rule; near-tied
         # leaders (say, two doorkeeper rules) do not restart the count
@@ -432,11 +444,27 @@ class AutoPolicy(CandidatePolicy):
         self._leader = best
         if self._lead_epochs >= self.confirm_epochs:
             self._switch(best)
+        else:
+            self._update_ghost()
+
+    def _update_ghost(self) -> None:
+        """Keep a ghost of evicted keys only while a doorkeeper is current or in the lead.
+
+        Starting it when a doorkeeper first leads gives it the confirmation epochs (one
+        turnover each) to fill before a switch; without one, evictions cost nothing extra.
+        """
+        leading = self._lead_epochs > 0 and self.candidates[self._leader].doorkeeper
+        if self.current.doorkeeper or leading:
+            if self.ghost is None:
+                self.set_ghost(self.capacity)
+        else:
+            self.ghost = None
 
     def _switch(self, index: int) -> None:
         self._current = index
         self._lead_epochs = 0
         self._switches += 1
+        self._update_ghost()
         self.start_rescore(self.current, self.capacity)
 
 

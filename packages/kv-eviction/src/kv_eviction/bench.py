@@ -13,7 +13,9 @@ ns/op at the largest size over ns/op at the smallest. Memory is measured separat
 with tracemalloc (the caller's key objects excluded), after N inserts, one eviction and
 N/2 touches.
 For `auto`, the tuning overhead is its cost over `marconi`'s, and the extra cost of one
-operation while a rule switch re-scores the tracked keys (16 per operation) is timed. `naive sort` is the cost of one victim choice by sorting every key's score, which is
+operation while a rule switch re-scores the tracked keys (16 per operation) is timed.
+`auto-doorkeeper` is `auto` moved onto its `doorkeeper-lru` rule once full (inserts then
+also look the key up in the ghost of evicted keys); `auto` stays on `lru` under this load. `naive sort` is the cost of one victim choice by sorting every key's score, which is
 what a connector that sorts its free list on each store step pays.
 """
 
@@ -31,13 +33,28 @@ from collections.abc import Callable, Sequence
 from .auto import AutoPolicy
 from .policy import EvictionPolicy, make_policy
 
-DEFAULT_POLICIES = ("lru", "marconi", "auto")
+DEFAULT_POLICIES = ("lru", "marconi", "auto", "auto-doorkeeper")
 CHUNKS = 10
 POLICY_OPTIONS: dict[str, dict[str, object]] = {
     "lru": {},
     "marconi": {"decay": 0.001, "reuse_mode": "log"},
     "auto": {},
 }
+
+
+def _make(name: str) -> EvictionPolicy:
+    if name == "auto-doorkeeper":
+        return AutoPolicy()
+    return make_policy(name, **POLICY_OPTIONS.get(name, {}))
+
+
+def _on_full(name: str, policy: EvictionPolicy) -> None:
+    """After the first eviction: move `auto-doorkeeper` onto its doorkeeper rule."""
+    if name == "auto-doorkeeper" and isinstance(policy, AutoPolicy):
+        names = [c.name for c in policy.candidates]
+        policy._switch(names.index("doorkeeper-lru"))
+        while policy._rescore_next < policy._rescore_end:
+            policy._rescore_step()
 
 
 def _parse_sizes(text: str) -> list[int]:
@@ -86,13 +103,14 @@ def _timed_chunks(fn: Callable[[int, int], None], total: int, chunks: int = CHUN
 def measure_ops(name: str, size: int, ops: int, chain: int, seed: int) -> dict[str, float]:
     """ns per insert, touch and evict on a policy holding `size` keys."""
     rng = random.Random(seed)
-    policy = make_policy(name, **POLICY_OPTIONS.get(name, {}))
+    policy = _make(name)
     grow = min(ops, size // 2)  # inserts and evictions: keep the size within [N/2, 3N/2]
     keys = list(range(size + grow))
     _fill(policy, keys[:size], chain)
     for victim in policy.pop_victims(1):  # full: `auto` learns its capacity, shadows start
         assert isinstance(victim, int)
         policy.insert(victim, victim - 1 if victim % chain else None, victim % chain)
+    _on_full(name, policy)
     result: dict[str, float] = {}
     insert = policy.insert
 
@@ -144,9 +162,10 @@ def measure_bytes(name: str, size: int, chain: int, seed: int) -> float:
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    policy = make_policy(name, **POLICY_OPTIONS.get(name, {}))
+    policy = _make(name)
     _fill(policy, keys, chain)
     policy.pop_victims(1)
+    _on_full(name, policy)
     for key in touches:
         if key not in policy:
             continue
@@ -207,13 +226,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         for name, by_size in per_policy.items():
             ratios = " | ".join(f"{by_size[hi][k] / by_size[lo][k]:.2f}x" for k in kinds)
             print(f"| {name} | {ratios} |")
-    if "auto" in per_policy and "marconi" in per_policy:
+    for tuned in ("auto", "auto-doorkeeper"):
+        if tuned not in per_policy or "marconi" not in per_policy:
+            continue
         print(
-            "\n| entries | auto / marconi cost: insert | touch | evict | re-score step after a switch |"
+            f"\n| entries | {tuned} / marconi cost: insert | touch | evict "
+            "| re-score step after a switch |"
         )
         print("|---:|---:|---:|---:|---:|")
         for size in sizes:
-            auto, marconi = per_policy["auto"][size], per_policy["marconi"][size]
+            auto, marconi = per_policy[tuned][size], per_policy["marconi"][size]
             ratios = " | ".join(f"{auto[k] / marconi[k]:.2f}x" for k in kinds)
             print(f"| {size:,} | {ratios} | {auto['switch'] / 1e3:,.1f} µs |")
     print("\n| policy | entries | bytes per tracked key (tracemalloc) |")
