@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -71,3 +72,69 @@ def test_scatter_of_nothing_reads_nothing(pair: tuple[socket.socket, socket.sock
     recv_views_into(b, [])
     recv_views_into(b, [memoryview(bytearray(0))])
     assert b.recv(1) == b"z"
+
+
+def _tcp_pair(warm: bool = False) -> tuple[socket.socket, socket.socket]:
+    """A loopback TCP pair; ``warm`` first streams 64 MiB through it, so the receive
+    buffer and window have grown the way a long-lived server connection's have (on a
+    fresh pair the small window wakes a reader early and hides a bad mark)."""
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        a = socket.create_connection(srv.getsockname())
+        b, _ = srv.accept()
+    if warm:
+        sink = memoryview(bytearray(64 << 20))
+        th = threading.Thread(target=recv_views_into, args=(b, [sink]))
+        th.start()
+        a.sendall(sink)
+        th.join()
+    return a, b
+
+
+@pytest.mark.parametrize(
+    ("size", "piece", "pause_every"),
+    [
+        (3 * (1 << 20) + 5, 100_000, 7),  # pauses leave the reader mid-mark many times
+        (16 << 20, 1 << 20, 3),
+        (2 << 20, 2 << 20, 1),  # exactly two marks' worth, then nothing more
+        (300_000, 1000, 50),  # below the smallest mark: plain receive
+    ],
+)
+def test_batched_wakeups_complete_with_nothing_more_coming(
+    size: int, piece: int, pause_every: int
+) -> None:
+    """The value's last byte must wake the reader: no mark waits for bytes never sent."""
+    a, b = _tcp_pair(warm=True)
+    data = os.urandom(size)
+    blocks = [bytearray(min(256 << 10, size - o)) for o in range(0, size, 256 << 10)]
+    errors: list[BaseException] = []
+
+    def receive() -> None:
+        try:
+            recv_views_into(b, [memoryview(x) for x in blocks], batch_wakeups=True)
+        except BaseException as exc:
+            errors.append(exc)
+
+    th = threading.Thread(target=receive)
+    th.start()
+    try:
+        for n, i in enumerate(range(0, size, piece)):
+            a.sendall(data[i : i + piece])
+            if n % pause_every == 0:
+                time.sleep(0.01)  # the reader copies what is there and waits for more
+        th.join(10)
+        assert not th.is_alive(), "receiver hung waiting for data that never comes"
+    finally:
+        a.close()
+        th.join(5)
+        b.close()
+    assert not errors, errors
+    assert b"".join(blocks) == data
+
+
+def test_batched_wakeups_reset_the_mark() -> None:
+    a, b = _tcp_pair()
+    with a, b:
+        a.sendall(bytes(1 << 20) + b"tail")
+        recv_views_into(b, [memoryview(bytearray(1 << 20))], batch_wakeups=True)
+        assert b.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+        assert b.recv(4) == b"tail"  # a short message after the value still wakes us

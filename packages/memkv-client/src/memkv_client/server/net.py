@@ -351,7 +351,7 @@ class _Connection:
                 codes.append(res)
                 continue
             try:
-                recv_views_into(self.sock, res.views)  # the blocks, from the socket
+                recv_views_into(self.sock, res.views, batch_wakeups=True)
             except BaseException:
                 self.store.abort(res)
                 raise
