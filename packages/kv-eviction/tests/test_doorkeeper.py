@@ -138,3 +138,19 @@ def test_victims_stay_leaves_while_doorkeeper_rules_switch_and_keys_return() -> 
         (victim,) = policy.pop_victims(1)
         assert victim in ref.eligible()
         ref.remove(victim)
+
+
+def test_the_ghost_exists_only_from_a_doorkeeper_lead_until_a_switch_away() -> None:
+    policy = AutoPolicy()
+    for key in range(100):
+        policy.insert(key)
+    policy.pop_victims(1)  # full: capacity known, shadows start
+    assert policy.ghost is None  # LRU current, no doorkeeper has led
+    names = [c.name for c in policy.candidates]
+    policy._switch(names.index("doorkeeper-lru"))
+    assert policy.ghost is not None
+    assert policy.ghost.window == 4 * 100  # 4 turnovers of the capacity (100 keys)
+    policy._switch(names.index("doorkeeper-lfu-decay-1"))
+    assert policy.ghost is not None  # still a doorkeeper
+    policy._switch(0)
+    assert policy.ghost is None

@@ -21,9 +21,10 @@ block, oldest first. Where most blocks are used once and the rest return after l
 than one turnover (long-document QA, RAG questions), LRU's horizon is spent on one-shot
 blocks; the doorkeeper gives it to blocks that have come back. Where the next request
 reuses what was just written (multi-turn chat, agents), it is wrong, and the shadows
-keep it out. The main cache feeds its ghost on every eviction whatever its rule, but looks
-a stored key up only while a doorkeeper rule is current; after a switch to one, the
-re-scoring pass looks up the keys stored before it that were never hit.
+keep it out. The main cache keeps a ghost from the first epoch in which a doorkeeper leads
+the shadows until it switches from a doorkeeper to a rule without one, and looks a stored
+key up only while a doorkeeper rule is current; after a switch to one, the re-scoring pass
+looks up the keys stored before it that were never hit.
 
 Alongside, each candidate runs a miniature simulation (Waldspurger et al., "Cache
 Modeling and Optimization using Miniature Simulations", USENIX ATC '17): a shadow cache
@@ -448,19 +449,21 @@ class AutoPolicy(CandidatePolicy):
             self._update_ghost()
 
     def _update_ghost(self) -> None:
-        """Keep a ghost of evicted keys only while a doorkeeper is current or in the lead.
+        """Start the ghost of evicted keys once a doorkeeper leads or is current.
 
         Starting it when a doorkeeper first leads gives it the confirmation epochs (one
-        turnover each) to fill before a switch; without one, evictions cost nothing extra.
+        turnover each) to fill before a switch, and it is kept through lapses of the lead
+        (a cold ghost makes every returning block look new); it is dropped when the policy
+        switches from a doorkeeper to a rule without one. Until then evictions cost nothing
+        extra.
         """
         leading = self._lead_epochs > 0 and self.candidates[self._leader].doorkeeper
-        if self.current.doorkeeper or leading:
-            if self.ghost is None:
-                self.set_ghost(self.capacity)
-        else:
-            self.ghost = None
+        if (self.current.doorkeeper or leading) and self.ghost is None:
+            self.set_ghost(self.capacity)
 
     def _switch(self, index: int) -> None:
+        if self.current.doorkeeper and not self.candidates[index].doorkeeper:
+            self.ghost = None
         self._current = index
         self._lead_epochs = 0
         self._switches += 1
