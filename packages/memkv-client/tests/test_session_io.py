@@ -90,6 +90,7 @@ def _tcp_pair(warm: bool = False) -> tuple[socket.socket, socket.socket]:
     return a, b
 
 
+@pytest.mark.parametrize("timeout", [None, 10.0])  # blocking (server) / poll (client)
 @pytest.mark.parametrize(
     ("size", "piece", "pause_every"),
     [
@@ -100,10 +101,11 @@ def _tcp_pair(warm: bool = False) -> tuple[socket.socket, socket.socket]:
     ],
 )
 def test_batched_wakeups_complete_with_nothing_more_coming(
-    size: int, piece: int, pause_every: int
+    size: int, piece: int, pause_every: int, timeout: float | None
 ) -> None:
     """The value's last byte must wake the reader: no mark waits for bytes never sent."""
     a, b = _tcp_pair(warm=True)
+    b.settimeout(timeout)
     data = os.urandom(size)
     blocks = [bytearray(min(256 << 10, size - o)) for o in range(0, size, 256 << 10)]
     errors: list[BaseException] = []
