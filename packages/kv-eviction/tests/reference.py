@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -59,3 +61,32 @@ class ReferencePolicy:
             return float(e.last_seq)
         reuse = {"linear": e.uses, "log": math.log1p(e.uses), "none": 1.0}[self.reuse_mode]
         return reuse * math.exp(-self.decay * (self.now - e.last_tick)) / (e.depth + 1)
+
+
+def random_workload(
+    policy: Any, ref: ReferencePolicy, steps: int, seed: int, *, returning_keys: bool = False
+) -> None:
+    """Random inserts (chains included), touches and evictions on `policy`, mirrored on
+    `ref`; every victim must be one `ref` finds eligible (an unpinned leaf). With
+    `returning_keys`, evicted keys come back half of the time."""
+    rng = random.Random(seed)
+    evicted: list[object] = []
+    next_key = 0
+    for _ in range(steps):
+        r = rng.random()
+        keys = list(ref.entries)
+        if r < 0.4 or not keys:
+            if returning_keys and evicted and rng.random() < 0.5:
+                key: object = evicted.pop(rng.randrange(len(evicted)))
+            else:
+                key, next_key = next_key, next_key + 1
+            parent = rng.choice(keys) if keys and rng.random() < 0.5 else None
+            policy.insert(key, parent=parent)
+            ref.insert(key, parent, 0)
+        elif r < 0.7:
+            policy.touch(rng.choice(keys))
+        else:
+            for victim in policy.pop_victims(rng.randint(1, 4)):
+                assert victim in ref.eligible()
+                ref.remove(victim)
+                evicted.append(victim)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from kv_eviction import AutoPolicy, make_policy, simulate
 from kv_eviction.auto import Candidate
 from kv_eviction.synthetic import GENERATORS, rag, sessions
-from reference import ReferencePolicy
+from reference import ReferencePolicy, random_workload
 
 OPS = st.lists(
     st.tuples(
@@ -122,26 +122,10 @@ def test_bad_options(options: dict[str, object], named: str) -> None:
 
 def test_rules_do_switch_under_random_load_and_victims_stay_leaves() -> None:
     """The property test's configuration really switches rules (so it tests switching)."""
-    import random
-
-    rng = random.Random(0)
     policy = AutoPolicy(
         sample_entries=4, min_epoch=8, switch_margin=0.0, switch_sigmas=0.0, confirm_epochs=1
     )
-    ref = ReferencePolicy("lru")
-    for i in range(3000):
-        r = rng.random()
-        keys = list(ref.entries)
-        if r < 0.4 or not keys:
-            parent = rng.choice(keys) if keys and rng.random() < 0.5 else None
-            policy.insert(i, parent=parent)
-            ref.insert(i, parent, 0)
-        elif r < 0.7:
-            policy.touch(rng.choice(keys))
-        else:
-            for victim in policy.pop_victims(rng.randint(1, 4)):
-                assert victim in ref.eligible()
-                ref.remove(victim)
+    random_workload(policy, ReferencePolicy("lru"), steps=3000, seed=0)
     assert policy.switches > 0
 
 

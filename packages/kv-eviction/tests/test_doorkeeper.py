@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from kv_eviction import AutoPolicy, make_policy, simulate
 from kv_eviction._ghost import Ghost
 from kv_eviction.auto import Candidate, CandidatePolicy
 from kv_eviction.trace import Request, Trace
-from reference import ReferencePolicy
+from reference import ReferencePolicy, random_workload
 
 DOORKEEPER = Candidate("doorkeeper-lru", reuse="recency", doorkeeper=True)
 LRU = Candidate("lru", reuse="recency")
@@ -103,7 +101,6 @@ def test_auto_switches_to_a_doorkeeper_under_scans_and_beats_lru() -> None:
 
 
 def test_victims_stay_leaves_while_doorkeeper_rules_switch_and_keys_return() -> None:
-    rng = random.Random(1)
     policy = AutoPolicy(
         candidates=(LRU, DOORKEEPER, Candidate("dk-lfu", decay_per_turnover=1.0, doorkeeper=True)),
         sample_entries=4,
@@ -113,26 +110,7 @@ def test_victims_stay_leaves_while_doorkeeper_rules_switch_and_keys_return() -> 
         confirm_epochs=1,
     )
     ref = ReferencePolicy("lru")
-    evicted: list[int] = []
-    next_key = 0
-    for _ in range(4000):
-        r = rng.random()
-        keys = list(ref.entries)
-        if r < 0.4 or not keys:
-            if evicted and rng.random() < 0.5:
-                key = evicted.pop(rng.randrange(len(evicted)))  # a returning key
-            else:
-                key, next_key = next_key, next_key + 1
-            parent = rng.choice(keys) if keys and rng.random() < 0.5 else None
-            policy.insert(key, parent=parent)
-            ref.insert(key, parent, 0)
-        elif r < 0.7:
-            policy.touch(rng.choice(keys))
-        else:
-            for victim in policy.pop_victims(rng.randint(1, 4)):
-                assert victim in ref.eligible()
-                ref.remove(victim)
-                evicted.append(victim)  # type: ignore[arg-type]
+    random_workload(policy, ref, steps=4000, seed=1, returning_keys=True)
     assert policy.switches > 0
     while ref.entries:
         (victim,) = policy.pop_victims(1)
