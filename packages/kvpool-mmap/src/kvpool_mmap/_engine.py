@@ -139,18 +139,19 @@ class StoreEngine:
     def _l1_unpin(self, e: Entry) -> None:
         e.l1_pins -= 1
         assert e.l1_pins >= 0
-        if e.l1_pins == 0:
-            if self._l1_tracked(e):
-                self._l1_policy.unpin(e.key)
-            elif e.evicting and e.l1_jobs == 0:
-                self._free_l1(e)
-        self._forget(e)
+        if e.l1_pins == 0 and self._l1_tracked(e):
+            self._l1_policy.unpin(e.key)
+        self._release_l1(e)
 
     def _end_l1_job(self, e: Entry) -> None:
-        """An L2 write that read e's L1 slot finished: free the slot if it was evicted."""
+        """An L2 write that read e's L1 slot finished."""
         e.l1_jobs -= 1
         assert e.l1_jobs >= 0
-        if e.evicting and e.l1_jobs == 0 and e.l1_pins == 0:
+        self._release_l1(e)
+
+    def _release_l1(self, e: Entry) -> None:
+        """Free an evicted entry's L1 slot once no pin or L2 write holds it."""
+        if e.evicting and e.l1_pins == 0 and e.l1_jobs == 0:
             self._free_l1(e)
         self._forget(e)
 

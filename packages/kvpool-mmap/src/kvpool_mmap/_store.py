@@ -14,9 +14,10 @@ except close/flush/wait_load):
 Guarantees: a pinned slot (being written by the worker, promoted, loaded) is never evicted;
 no slot is reused while anything uses it (an L2 write reading it included: a victim whose
 write-through is in flight frees its slot when the write lands, and a promotion waiting
-for that slot waits rather than fails); an L2 slot is never read before its write completed (the index marks it VALID only
-when the write job has finished); jobs on one L2 slot run in submission order; a promotion
-whose checksum fails is reported in ticket.failed, counted, logged, and its L2 copy dropped.
+for that slot waits rather than fails); an L2 slot is never read before its write
+completed (the index marks it VALID only when the write job has finished); jobs on one L2
+slot run in submission order; a promotion whose checksum fails is reported in
+ticket.failed, counted, logged, and its L2 copy dropped.
 """
 
 from __future__ import annotations
