@@ -394,19 +394,8 @@ class RdmaPeer:
             if not isinstance(res, Reservation):
                 codes.append(res)
                 continue
-            ok = True
             try:
-                if res.entry.small is not None:
-                    if n:
-                        b = self.bounce
-                        ok = self._run([(False, b.mr, b.addr, n, raddr, rkey)])
-                        res.views[0][:] = b.view[:n]
-                else:
-                    posts, off = [], 0
-                    for addr, seg in self._segments(res.entry):
-                        posts.append((False, self.r.arena_mr, addr, seg, raddr + off, rkey))
-                        off += seg
-                    ok = self._run(posts)
+                ok = self._read_range(res, 0, n, raddr, rkey)
             except BaseException:
                 store.abort(res)
                 raise
