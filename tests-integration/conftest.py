@@ -42,10 +42,6 @@ def vllm_release() -> tuple[int, ...]:
     raise RuntimeError("vLLM is not installed")
 
 
-def engine_env(**extra: str) -> dict[str, str]:
-    return offline_engine_env(**extra)
-
-
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cached = os.environ.get("KV_TEST_MODELS")
@@ -76,7 +72,7 @@ def run_engine(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Engine
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=engine_env(**env),
+            env=offline_engine_env(**env),
         )
         log = proc.stdout + proc.stderr
         if proc.returncode != 0:

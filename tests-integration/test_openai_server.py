@@ -6,7 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import connector_config, engine_env, make_prompt
+from conftest import connector_config, make_prompt
+from vllm_env import offline_engine_env
 from vllm_server import VllmServer, metric_sum
 
 pytestmark = pytest.mark.vllm
@@ -17,7 +18,7 @@ def test_concurrent_requests_served_from_l1_when_hbm_is_full(
 ) -> None:
     # 8 prompts x 20 blocks of 32 KiB = 5 MiB of KV against a 4 MiB vLLM cache.
     prompts = [make_prompt(seed=50 + i, blocks=20) for i in range(8)]
-    env = engine_env()
+    env = offline_engine_env()
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
     server = VllmServer(
         tiny_llama,

@@ -1,9 +1,10 @@
 """Run one real vLLM engine through phases of greedy generation; print the results as JSON.
 
 Usage: python generate.py SPEC.json. The spec names the model, an optional
-`kv_transfer_config`, and phases: each phase optionally resets vLLM's own prefix cache,
-(and, with `reset_connector`, the connector's), then generates for its prompts (lists of token ids). The last stdout line is
-`RESULT <json>`: per phase, per prompt, the generated token ids and `num_cached_tokens`.
+`kv_transfer_config`, and phases: each phase optionally resets vLLM's own prefix cache
+(and, with `reset_connector`, the connector's), then generates for its prompts (lists of
+token ids). The last stdout line is `RESULT <json>`: per phase, per prompt, the generated
+token ids and `num_cached_tokens`.
 """
 
 from __future__ import annotations

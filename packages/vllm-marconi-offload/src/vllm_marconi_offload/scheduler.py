@@ -142,9 +142,13 @@ class OffloadScheduler:
             return 0, False
         return external, True
 
+    def _max_hit_blocks(self, request: Any) -> int:
+        """Blocks a hit may cover: hashed ones, leaving at least one token to compute (vLLM
+        needs a forward pass to sample)."""
+        return min(int(request.num_tokens - 1) // self._block_size, len(request.block_hashes))
+
     def _local_hit_is_complete(self, request: Any, num_computed_tokens: int) -> bool:
-        max_blocks = min((request.num_tokens - 1) // self._block_size, len(request.block_hashes))
-        return bool(num_computed_tokens >= max_blocks * self._block_size)
+        return num_computed_tokens >= self._max_hit_blocks(request) * self._block_size
 
     def _count_lookup(self, state: _RequestState) -> None:
         """Count a request once, when its lookup has an answer (hits follow at allocation)."""
@@ -169,9 +173,7 @@ class OffloadScheduler:
         return min((t.ready_prefix for t in lookup.chains.values()), default=lookup.blocks)
 
     def _start_lookup(self, request: Any) -> _Lookup | None:
-        # Leave at least one token to compute: vLLM needs a forward pass to sample.
-        max_blocks = (request.num_tokens - 1) // self._block_size  # see _local_hit_is_complete
-        hashes = list(request.block_hashes[:max_blocks])
+        hashes = list(request.block_hashes[: self._max_hit_blocks(request)])
         if not hashes or not self._loads_allowed:
             return None
         found = len(hashes)
