@@ -223,11 +223,12 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             blocks = self._load_blocks.pop(done.job_id, None) if done.is_load else None
             if not success and blocks is not None and self._load_errors is not None:
                 # a job that raised filled an unknown subset: all of its blocks are suspect
-                bad = done.outcome.failed_keys if "error" not in done.extra else blocks
-                self._load_errors.add_blocks(bad or blocks)
+                unknown = "error" in done.extra or not done.outcome.failed_keys
+                bad = blocks if unknown else list(done.outcome.failed_keys)
+                self._load_errors.add_blocks(bad)
                 log.warning(
                     "memkv-vllm: load job %d: %d of %d blocks not loaded; vLLM recomputes "
-                    "them", done.job_id, len(bad or blocks), len(blocks),
+                    "them", done.job_id, len(bad), len(blocks),
                 )  # fmt: skip
                 success = True
             out.append(
