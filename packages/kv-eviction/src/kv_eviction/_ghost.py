@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-__all__ = ["MASK64", "MULT", "Ghost", "probe"]
+__all__ = ["Ghost", "probe"]
 
 BYTES_PER_KEY = 2
 """Filter bytes per key of one generation."""
@@ -30,7 +30,7 @@ class Ghost:
     """Remembers the last `window` to `2 x window` keys added (approximately, see above).
 
     `generations` is [current, old], replaced in place, so a caller may keep the list and
-    probe it inline (`probe`), which the doorkeeper's insert path does to save a call.
+    probe it with `probe`, as the doorkeeper's insert path does (no `in` dispatch).
     """
 
     __slots__ = ("_taken", "generations", "size", "window")

@@ -58,8 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._chainheap import SEQ_BITS, SLOT_BITS, ChainHeapPolicy
-from ._ghost import MULT as _GHOST_MULT
-from ._ghost import Ghost
+from ._ghost import Ghost, probe
 from .marconi import float_order_bits
 from .policy import register_policy, reject_unknown_options
 
@@ -179,12 +178,9 @@ class CandidatePolicy(ChainHeapPolicy):
                 # a block whose prefix is new is new: its hash covers the prefix, and a
                 # child leaves the cache (and enters the ghost) before its parent
                 self._first_time[slot] = 1
-            else:  # `key not in ghost`, inline: this is the doorkeeper's per-insert cost
-                h = (hash(self._keys[slot]) * _GHOST_MULT) & _MASK64
-                i = h % ghost.size
-                bits = (1 << (h >> 61)) | (1 << ((h >> 58) & 7))
-                current, old = ghost.generations
-                self._first_time[slot] = current[i] & bits != bits and old[i] & bits != bits
+            else:  # the doorkeeper's per-insert cost: one ghost probe
+                seen = probe(ghost.generations, ghost.size, self._keys[slot])
+                self._first_time[slot] = not seen
         else:
             self._first_time[slot] = 0  # not looked up: ordered as seen before
         self._uses[slot] = 1
@@ -316,6 +312,14 @@ class AutoPolicy(CandidatePolicy):
         self.capacity = capacity
         self._rescore_next = 0
         self._rescore_end = len(self._keys)
+
+    def finish_rescore(self) -> int:
+        """Run a pending re-scoring pass (`start_rescore`) to its end now; its step count."""
+        steps = 0
+        while self._rescore_next < self._rescore_end:
+            self._rescore_step()
+            steps += 1
+        return steps
 
     def _rescore_step(self) -> None:
         index = self._index

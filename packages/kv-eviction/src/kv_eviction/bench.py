@@ -53,8 +53,7 @@ def _on_full(name: str, policy: EvictionPolicy) -> None:
     if name == "auto-doorkeeper" and isinstance(policy, AutoPolicy):
         names = [c.name for c in policy.candidates]
         policy._switch(names.index("doorkeeper-lru"))
-        while policy._rescore_next < policy._rescore_end:
-            policy._rescore_step()
+        policy.finish_rescore()
 
 
 def _parse_sizes(text: str) -> list[int]:
@@ -144,11 +143,7 @@ def measure_ops(name: str, size: int, ops: int, chain: int, seed: int) -> dict[s
 
         def do_switch() -> int:
             policy.start_rescore(switch_to, len(policy))
-            steps = 0
-            while policy._rescore_next < policy._rescore_end:
-                policy._rescore_step()
-                steps += 1
-            return steps
+            return policy.finish_rescore()
 
         result["switch"] = _timed(do_switch)
     return result
