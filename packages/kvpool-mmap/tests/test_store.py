@@ -501,3 +501,51 @@ def test_promotion_waits_for_slots_held_by_write_through(
     assert l1_only.tiers == [Tier.L1]
     assert l1_only.promotion_seconds == 0
     s.end_load(l1_only)
+
+
+@pytest.mark.parametrize("pin_all", [False, True])
+def test_promotion_never_waits_for_a_slot_a_load_pinned_again(
+    make_config: MakeConfig,
+    store_factory: Factory,
+    monkeypatch: pytest.MonkeyPatch,
+    pin_all: bool,
+) -> None:
+    """A promotion counts on the slot of a victim whose L2 write is in flight; then a
+    second load pins that victim (it is still readable in L1). The promotion takes
+    another victim, or fails at once when every L1 block is pinned; it used to wait
+    until the second load ended, forever if that load waited on the first."""
+    import threading
+
+    from kvpool_mmap._io import BlockMover
+
+    s = store_factory(make_config(l1_slots=4, l2_slots=32, io_threads=1))
+    put_chain(s, [0, 1, 2, 3])
+    settle(s)
+    gate = threading.Event()
+    write = BlockMover.write_block
+
+    def gated(self: BlockMover, *args: object) -> list[int]:
+        gate.wait(10)
+        return write(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BlockMover, "write_block", gated)
+    put_chain(s, [4, 5, 6, 7])  # 0..3 leave L1; 4..7's write-throughs hang
+    first = s.begin_load([key(0)])
+    assert s.poll_load(first) is LoadStatus.PENDING
+    (victim,) = [e for e in s._entries.values() if e.evicting]
+    pinned = [key(i) for i in range(4, 8)] if pin_all else [victim.key]
+    second = s.begin_load(pinned)
+    assert second.tiers == [Tier.L1] * len(pinned)
+    if pin_all:
+        assert s.poll_load(first) is LoadStatus.FAILED
+        assert first.failed == [key(0)]
+    gate.set()
+    assert s.wait_load(first, timeout=10) is (LoadStatus.FAILED if pin_all else LoadStatus.READY)
+    if not pin_all:
+        np.testing.assert_array_equal(s.l1_files[0].array[first.l1_slots[0]], block(0)[0])
+    s.end_load(first)
+    s.end_load(second)
+    settle(s)
+    check_invariants(s)
+    assert all(e.l1_pins == 0 and e.l2_pins == 0 for e in s._entries.values())
+    assert_blocks(s, list(range(8)))

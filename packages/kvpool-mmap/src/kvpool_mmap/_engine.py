@@ -111,6 +111,8 @@ class StoreEngine:
         self._ticket_pins: dict[int, list[Entry]] = {}
         self._wt_queue: deque[Entry] = deque()
         self._slot_waiters: deque[Entry] = deque()
+        self._evicting: set[Entry] = set()
+        """L1 victims whose slot frees once an L2 write (and any pin) lets go of it."""
         self._closed = False
         self._ticks = 0
         self._disabled = ""
@@ -170,6 +172,13 @@ class StoreEngine:
     def _free_l1(self, e: Entry) -> None:
         self._l1_free.push(e.l1)
         e.l1, e.l1_state, e.evicting = -1, SlotState.NONE, False
+        self._evicting.discard(e)
+
+    def _free_l1_later(self, e: Entry) -> int:
+        """Mark a victim whose slot an L2 write still reads; the slot frees when it lands."""
+        e.evicting = True
+        self._evicting.add(e)
+        return 1
 
     def _forget(self, e: Entry) -> None:
         if e.empty and self._entries.get(e.key) is e:
@@ -217,18 +226,41 @@ class StoreEngine:
         self._submit(_READ, e, e.l2, fn, urgent=True)
 
     def _serve_slot_waiters(self) -> None:
-        """Give L1 slots freed by demotions to promotions waiting for one."""
+        """Give free L1 slots to promotions waiting for one, and keep a slot on its way
+        for every other waiter or fail it.
+
+        A slot is on its way when its block was evicted and only an L2 write holds it.
+        A load may pin such a block again after a waiter counted on its slot; then the
+        waiter gets a new victim, or fails (a miss) when every L1 block is pinned: a
+        promotion never waits for some load to end, which could be its own ticket.
+        """
         while self._slot_waiters and len(self._l1_free):
-            e = self._slot_waiters.popleft()
-            self._l2_unpin(e)  # _start_read takes the job's pin
-            self._start_read(e, self._l1_free.pop())
+            self._serve(self._slot_waiters.popleft(), self._l1_free.pop())
+        if not self._slot_waiters:
+            return
+        short = len(self._slot_waiters) - sum(1 for v in self._evicting if v.l1_pins == 0)
+        if short <= 0:
+            return
+        slots, demoting = self._alloc_l1(short)
+        for slot in slots:
+            self._serve(self._slot_waiters.popleft(), slot)
+        for _ in range(short - len(slots) - demoting):
+            self._fail_waiter(self._slot_waiters.pop())
+
+    def _serve(self, e: Entry, slot: int) -> None:
+        self._l2_unpin(e)  # _start_read takes the job's pin
+        self._start_read(e, slot)
+
+    def _fail_waiter(self, e: Entry) -> None:
+        e.l1_state = SlotState.NONE
+        self._l2_unpin(e)
+        self._notify_loads(e, ok=False, finished=time.monotonic())
 
     def _evict_l1(self, e: Entry) -> int:
         """Evict a popped L1 victim; 1 if its slot frees later (an L2 write lands), else 0."""
         self._counters["l1_evictions"] += 1
         if e.l1_jobs:  # its write-through is in flight: the slot frees when that lands
-            e.evicting = True
-            return 1
+            return self._free_l1_later(e)
         if not self.l2_files or e.l2_readable:
             self._free_l1(e)
             self._forget(e)
@@ -238,10 +270,9 @@ class StoreEngine:
             self._free_l1(e)
             self._forget(e)
             return 0
-        e.evicting = True
         self._counters["demotions"] += 1
         self._start_write(e, slot)
-        return 1
+        return self._free_l1_later(e)
 
     def _alloc_l2(self) -> int | None:
         if len(self._l2_free):
@@ -355,7 +386,6 @@ class StoreEngine:
         self._end_l1_job(e)
 
     def _read_done(self, e: Entry, c: Completion) -> None:
-        waiters = self._waiters.pop(e.key, [])
         ok = c.error is None and bool(c.result)
         if ok:
             e.l1_state = SlotState.VALID
@@ -369,18 +399,24 @@ class StoreEngine:
                     e.l2,
                     e.key.hex(),
                 )
-            self._counters["load_failures"] += len(waiters)
             self._free_l1(e)
             self._drop_l2(e)
         self._l2_unpin(e)
+        self._notify_loads(e, ok, c.finished)
+        self._forget(e)
+
+    def _notify_loads(self, e: Entry, ok: bool, finished: float) -> None:
+        """Tell the tickets waiting for e's promotion that it ended."""
+        waiters = self._waiters.pop(e.key, [])
+        if not ok:
+            self._counters["load_failures"] += len(waiters)
         for t in waiters:
             t.pending -= 1
-            t.promoted_at = max(t.promoted_at, c.finished)
+            t.promoted_at = max(t.promoted_at, finished)
             if not ok:
                 t.failed.append(e.key)
             else:
                 t.l1_slots[t.keys.index(e.key)] = e.l1
-        self._forget(e)
 
     def _close_files(self, unlink_l1: bool) -> None:
         for f in self.l2_files:
