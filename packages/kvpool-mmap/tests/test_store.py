@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from kvpool_mmap import (
 )
 from kvpool_mmap._codec import encode_header, payload_checksum
 from kvpool_mmap._index import SlotState
+from kvpool_mmap._io import BlockMover
 from kvpool_mmap._l2file import L2RankFile
 
 Factory = Callable[..., TieredStore]
@@ -459,16 +461,11 @@ def test_promotions_do_not_queue_behind_write_through(
     check_invariants(s)
 
 
-def test_promotion_waits_for_slots_held_by_write_through(
+def l1_full_of_hanging_writes(
     make_config: MakeConfig, store_factory: Factory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Every L1 slot holds a block whose write-through is still in flight when an L2 hit
-    arrives. Those blocks are victims like any other; the promotion waits for their
-    writes to land instead of failing (on a slow disk it used to be a miss)."""
-    import threading
-
-    from kvpool_mmap._io import BlockMover
-
+) -> tuple[TieredStore, threading.Event]:
+    """A 4-slot L1 holding blocks 4..7, whose write-throughs wait for the returned gate;
+    blocks 0..3 were evicted to L2 (clean)."""
     s = store_factory(make_config(l1_slots=4, l2_slots=32, io_threads=1))
     put_chain(s, [0, 1, 2, 3])
     settle(s)
@@ -480,7 +477,17 @@ def test_promotion_waits_for_slots_held_by_write_through(
         return write(self, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(BlockMover, "write_block", gated)
-    assert put_chain(s, [4, 5, 6, 7]) == 4  # 0..3 leave L1; 4..7's write-throughs hang
+    assert put_chain(s, [4, 5, 6, 7]) == 4
+    return s, gate
+
+
+def test_promotion_waits_for_slots_held_by_write_through(
+    make_config: MakeConfig, store_factory: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every L1 slot holds a block whose write-through is still in flight when an L2 hit
+    arrives. Those blocks are victims like any other; the promotion waits for their
+    writes to land instead of failing (on a slow disk it used to be a miss)."""
+    s, gate = l1_full_of_hanging_writes(make_config, store_factory, monkeypatch)
     assert s.lookup([key(i) for i in range(4)]) == [Tier.L2] * 4
     load = s.begin_load([key(i) for i in range(4)])
     assert load.failed == []
@@ -514,22 +521,7 @@ def test_promotion_never_waits_for_a_slot_a_load_pinned_again(
     second load pins that victim (it is still readable in L1). The promotion takes
     another victim, or fails at once when every L1 block is pinned; it used to wait
     until the second load ended, forever if that load waited on the first."""
-    import threading
-
-    from kvpool_mmap._io import BlockMover
-
-    s = store_factory(make_config(l1_slots=4, l2_slots=32, io_threads=1))
-    put_chain(s, [0, 1, 2, 3])
-    settle(s)
-    gate = threading.Event()
-    write = BlockMover.write_block
-
-    def gated(self: BlockMover, *args: object) -> list[int]:
-        gate.wait(10)
-        return write(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(BlockMover, "write_block", gated)
-    put_chain(s, [4, 5, 6, 7])  # 0..3 leave L1; 4..7's write-throughs hang
+    s, gate = l1_full_of_hanging_writes(make_config, store_factory, monkeypatch)
     first = s.begin_load([key(0)])
     assert s.poll_load(first) is LoadStatus.PENDING
     (victim,) = [e for e in s._entries.values() if e.evicting]
