@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -326,28 +328,47 @@ def test_cancelled_load_releases_everything(
     assert_blocks(s, [0, 1, 2, 3])
 
 
+@pytest.mark.parametrize("seed", range(12))
 def test_randomised_workload_keeps_invariants(
-    make_config: MakeConfig, store_factory: Factory
+    make_config: MakeConfig, store_factory: Factory, monkeypatch: pytest.MonkeyPatch, seed: int
 ) -> None:
-    rng = np.random.default_rng(1)
-    cfg = make_config(l1_slots=6, l2_slots=20, tp_size=2, write_through_queue=4)
+    """Random stores, loads held open, waited for or cancelled, on small tiers, with every
+    L2 transfer delayed by a random 0-2 ms so that completions interleave differently."""
+    delays = random.Random(seed)
+    write, read = BlockMover.write_block, BlockMover.read_block
+
+    def slow_write(self: BlockMover, *args: object) -> list[int]:
+        time.sleep(delays.random() * 0.002)
+        return write(self, *args)  # type: ignore[arg-type]
+
+    def slow_read(self: BlockMover, *args: object) -> bool:
+        time.sleep(delays.random() * 0.002)
+        return read(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BlockMover, "write_block", slow_write)
+    monkeypatch.setattr(BlockMover, "read_block", slow_read)
+    rng = np.random.default_rng(seed)
+    cfg = make_config(
+        l1_slots=int(rng.integers(3, 8)),
+        l2_slots=int(rng.integers(4, 24)),
+        tp_size=2,
+        write_through_queue=int(rng.integers(1, 6)),
+        io_threads=int(rng.integers(1, 4)),
+    )
     s = store_factory(cfg)
     open_loads = []
-    for _step in range(400):
-        op = rng.integers(0, 4)
+    for _step in range(300):
+        op = rng.integers(0, 5)
         start = int(rng.integers(0, 40))
         ids = list(range(start, start + int(rng.integers(1, 5))))
         if op == 0:
             put_chain(s, ids)
         elif op == 1:
-            t = s.begin_load([key(i) for i in ids])
-            open_loads.append(t)
+            open_loads.append(s.begin_load([key(i) for i in ids]))
         elif op == 2 and open_loads:
             t = open_loads.pop(int(rng.integers(0, len(open_loads))))
-            status = s.wait_load(t, 10)
-            assert status is not LoadStatus.PENDING
+            assert s.wait_load(t, 10) is not LoadStatus.PENDING  # never waits on another load
             # with loads held open, L1 can run out of slots: a failure, never wrong data
-            assert s.stats().checksum_failures == 0
             for k, slot in zip(t.keys, t.l1_slots, strict=True):
                 if k in t.failed:
                     continue
@@ -355,6 +376,8 @@ def test_randomised_workload_keeps_invariants(
                 for r in range(2):
                     np.testing.assert_array_equal(s.l1_files[r].array[slot], block(i, 2)[r])
             s.end_load(t)
+        elif op == 3 and open_loads:
+            s.end_load(open_loads.pop(int(rng.integers(0, len(open_loads)))))  # cancel
         else:
             s.tick()
         check_invariants(s)
@@ -363,6 +386,7 @@ def test_randomised_workload_keeps_invariants(
     settle(s)
     check_invariants(s)
     assert all(e.l1_pins == 0 and e.l2_pins == 0 for e in s._entries.values())
+    assert s.stats().checksum_failures == 0
 
 
 def test_config_round_trip_through_dict(make_config: MakeConfig) -> None:
