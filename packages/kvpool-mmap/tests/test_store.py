@@ -555,6 +555,7 @@ def test_promotion_never_waits_for_a_slot_a_load_pinned_again(
     if pin_all:
         assert s.poll_load(first) is LoadStatus.FAILED
         assert first.failed == [key(0)]
+        assert first.promotion_seconds == 0  # no I/O ran: nothing for a cost model to learn
     gate.set()
     assert s.wait_load(first, timeout=10) is (LoadStatus.FAILED if pin_all else LoadStatus.READY)
     if not pin_all:

@@ -254,7 +254,7 @@ class StoreEngine:
     def _fail_waiter(self, e: Entry) -> None:
         e.l1_state = SlotState.NONE
         self._l2_unpin(e)
-        self._notify_loads(e, ok=False, finished=time.monotonic())
+        self._notify_loads(e, ok=False, finished=0.0)  # no I/O ran: not a promotion time
 
     def _evict_l1(self, e: Entry) -> int:
         """Evict a popped L1 victim; 1 if its slot frees later (an L2 write lands), else 0."""
