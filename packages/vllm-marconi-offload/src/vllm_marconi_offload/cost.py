@@ -2,16 +2,21 @@
 
 A disk tier only pays off when reading a block is faster than prefilling its tokens: on a
 slow disk with a fast GPU it is not (vLLM's own fs tier made a 32k-token TTFT up to 2.3x
-slower than recomputing). Both rates are measured online, as exponentially weighted
-averages: prefill throughput from the scheduler's step times, L2 read throughput from the
-promotions the store completes. Until prefill has been measured, hits are loaded. A
-skipped tier teaches the model nothing, so after `PROBE_AFTER_SKIPS` skips in a row one hit
-is loaded anyway to measure the disk again (it may have been busy, or the page cache warm).
+slower than recomputing). Both costs are measured online: prefill time per token from each
+scheduler step's time from its start to its output (an idle engine between steps must not
+count as prefill), L2 read time per byte from the promotions the store completes. A
+configured rate is an assumption that the first measurement replaces; later measurements
+enter an exponentially weighted average of the time per unit (averaging rates instead
+would let fast samples hide slow ones). Until prefill has been measured, hits are loaded.
+A skipped tier teaches the model nothing, so after `PROBE_AFTER_SKIPS` skips in a row one
+hit is loaded anyway to measure the disk again (it may have been busy, or the page cache
+warm).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,23 +25,38 @@ SMOOTHING = 0.2
 # prefill throughput; they are left out of the estimate.
 MIN_PREFILL_TOKENS = 256
 PROBE_AFTER_SKIPS = 16
+# Steps started whose output has not come back: one, or two under async scheduling. A
+# step whose output never reports (none should) is dropped when a later one starts.
+MAX_STEPS_IN_FLIGHT = 2
 
 
 @dataclass
-class _Rate:
-    """An exponentially weighted average of units per second."""
+class _Cost:
+    """Seconds per unit (0: unknown): assumed until the first sample, then averaged."""
 
-    value: float
+    seconds_per_unit: float
+    measured: bool = False
+
+    @classmethod
+    def assumed(cls, units_per_second: float) -> _Cost:
+        return cls(1.0 / units_per_second if units_per_second > 0 else 0.0)
 
     def observe(self, units: float, seconds: float) -> None:
         if units <= 0 or seconds <= 0:
             return
-        sample = units / seconds
-        self.value = sample if self.value <= 0 else self.value + SMOOTHING * (sample - self.value)
+        sample = seconds / units
+        if not self.measured:
+            self.seconds_per_unit, self.measured = sample, True
+        else:
+            self.seconds_per_unit += SMOOTHING * (sample - self.seconds_per_unit)
+
+    @property
+    def units_per_second(self) -> float:
+        return 1.0 / self.seconds_per_unit if self.seconds_per_unit > 0 else 0.0
 
 
 class LoadCostModel:
-    """Online estimates of L2 read and prefill throughput, and the decision between them."""
+    """Online estimates of L2 read and prefill time, and the decision between them."""
 
     def __init__(
         self,
@@ -45,19 +65,23 @@ class LoadCostModel:
         prefill_tokens_per_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._l2 = _Rate(l2_read_bytes_per_s)
-        self._prefill = _Rate(prefill_tokens_per_s)
+        self._l2 = _Cost.assumed(l2_read_bytes_per_s)
+        self._prefill = _Cost.assumed(prefill_tokens_per_s)
         self._clock = clock
-        self._last_step: float | None = None
-        self._last_tokens = 0
+        self._steps: deque[tuple[float, int]] = deque(maxlen=MAX_STEPS_IN_FLIGHT)
         self._skips_in_a_row = 0
 
     def on_step(self, scheduled_tokens: int) -> None:
-        """Called once per scheduler step: the time since the previous step ran its tokens."""
-        now = self._clock()
-        if self._last_step is not None and self._last_tokens >= MIN_PREFILL_TOKENS:
-            self._prefill.observe(self._last_tokens, now - self._last_step)
-        self._last_step, self._last_tokens = now, scheduled_tokens
+        """A scheduler step starts (its connector metadata is built) with these tokens."""
+        self._steps.append((self._clock(), scheduled_tokens))
+
+    def on_step_done(self) -> None:
+        """The oldest step in flight returned its output: time its tokens."""
+        if not self._steps:
+            return
+        start, tokens = self._steps.popleft()
+        if tokens >= MIN_PREFILL_TOKENS:
+            self._prefill.observe(tokens, self._clock() - start)
 
     def on_promotion(self, nbytes: int, seconds: float) -> None:
         """A promotion of `nbytes` from L2 finished `seconds` after it started."""
@@ -65,10 +89,10 @@ class LoadCostModel:
 
     def worth_loading(self, l2_bytes: int, tokens: int) -> bool:
         """True if reading `l2_bytes` from L2 is expected to beat recomputing `tokens`."""
-        if l2_bytes <= 0 or self._prefill.value <= 0:
+        if l2_bytes <= 0 or self._prefill.seconds_per_unit <= 0:
             return True
-        load = l2_bytes / self._l2.value
-        recompute = tokens / self._prefill.value
+        load = l2_bytes * self._l2.seconds_per_unit
+        recompute = tokens * self._prefill.seconds_per_unit
         if load < recompute or self._skips_in_a_row >= PROBE_AFTER_SKIPS:
             self._skips_in_a_row = 0
             return True
@@ -77,8 +101,8 @@ class LoadCostModel:
 
     @property
     def l2_bytes_per_s(self) -> float:
-        return self._l2.value
+        return self._l2.units_per_second
 
     @property
     def prefill_tokens_per_s(self) -> float:
-        return self._prefill.value
+        return self._prefill.units_per_second

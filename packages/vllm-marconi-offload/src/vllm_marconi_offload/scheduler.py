@@ -327,7 +327,9 @@ class OffloadScheduler:
     def on_worker_output(
         self, finished_recving: set[str] | None, worker_meta: StoreCompletions | None
     ) -> None:
-        """Unpin finished loads; commit stores every worker has finished."""
+        """A step's output is back: time the step, unpin finished loads, commit the stores
+        every worker has finished."""
+        self._cost.on_step_done()
         for req_id in finished_recving or ():
             lookup = self._loads_in_flight.pop(req_id, None)
             if lookup is not None:
