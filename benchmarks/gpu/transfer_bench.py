@@ -122,7 +122,7 @@ class Bench:
     def store(self, gpu_blocks: list[int], slots: list[int]) -> None:
         self.worker.run_stores(OffloadMetadata(stores=[self.job(gpu_blocks, slots)]))
         self.worker.drain()
-        assert self.worker.take_store_completions() is not None
+        assert self.worker.take_report() is not None
 
     def load(self, slots: list[int], gpu_blocks: list[int]) -> None:
         self.worker.start_loads(OffloadMetadata(loads=[self.job(gpu_blocks, slots)]))

@@ -23,9 +23,9 @@ def test_loads_until_prefill_has_been_measured() -> None:
 def test_slow_disk_and_fast_prefill_means_recompute() -> None:
     clock = FakeClock()
     model = LoadCostModel(l2_read_bytes_per_s=1.7e9, prefill_tokens_per_s=0.0, clock=clock)
-    model.on_step(32_768)
+    model.on_step(1, 32_768)
     clock.now += 1.2  # 32k tokens prefilled in 1.2 s (8B model on an H200)
-    model.on_step_done()
+    model.on_step_done(1)
     assert 27_000 < model.prefill_tokens_per_s < 28_000
     # 4 GiB of KV for those 32k tokens from a 1.7 GB/s disk: 2.5 s > 1.2 s.
     assert not model.worth_loading(l2_bytes=4 << 30, tokens=32_768)
@@ -35,9 +35,9 @@ def test_slow_disk_and_fast_prefill_means_recompute() -> None:
 
 
 def prefill_measured(model: LoadCostModel, clock: FakeClock, tokens_per_s: float) -> None:
-    model.on_step(10_000)
+    model.on_step(1, 10_000)
     clock.now += 10_000 / tokens_per_s
-    model.on_step_done()
+    model.on_step_done(1)
 
 
 def test_the_first_promotion_replaces_the_assumed_rate() -> None:
@@ -66,10 +66,10 @@ def test_slow_promotions_are_not_hidden_by_fast_ones() -> None:
 def test_small_steps_do_not_count_as_prefill() -> None:
     clock = FakeClock()
     model = LoadCostModel(l2_read_bytes_per_s=1e9, prefill_tokens_per_s=0.0, clock=clock)
-    for _ in range(10):
-        model.on_step(8)  # decode steps
+    for step in range(10):
+        model.on_step(step, 8)  # decode steps
         clock.now += 0.05
-        model.on_step_done()
+        model.on_step_done(step)
     assert model.prefill_tokens_per_s == 0.0
 
 
@@ -79,23 +79,30 @@ def test_an_idle_engine_between_steps_is_not_prefill_time() -> None:
     charged to the last prefill, which made recomputing look 10x slower than it is)."""
     clock = FakeClock()
     model = LoadCostModel(l2_read_bytes_per_s=1e9, prefill_tokens_per_s=0.0, clock=clock)
-    for _ in range(3):
-        model.on_step(2048)
+    for step in range(3):
+        model.on_step(step, 2048)
         clock.now += 0.02
-        model.on_step_done()
+        model.on_step_done(step)
         clock.now += 1.0  # idle
     assert 100_000 < model.prefill_tokens_per_s < 105_000
 
 
-def test_async_scheduling_pairs_each_output_with_its_step() -> None:
+def test_each_report_times_the_step_it_names() -> None:
+    """Under async scheduling step 2 starts before step 1's report; steps with no tokens
+    (a request waiting for its promotion) may never run, so never report."""
     clock = FakeClock()
     model = LoadCostModel(l2_read_bytes_per_s=1e9, prefill_tokens_per_s=0.0, clock=clock)
-    model.on_step(4096)  # step 1 starts
+    model.on_step(0, 0)  # nothing to run: no report comes
+    model.on_step(1, 4096)
     clock.now += 0.01
-    model.on_step(8)  # step 2 is scheduled before step 1's output is back
+    model.on_step(2, 4096)  # scheduled before step 1's report is back
     clock.now += 0.03
-    model.on_step_done()  # step 1: 4096 tokens in 40 ms
-    model.on_step_done()  # step 2: a decode step, not timed
+    model.on_step_done(1)  # step 1: 4096 tokens in 40 ms
+    assert 100_000 < model.prefill_tokens_per_s < 105_000
+    clock.now += 5.0  # step 2's report is lost; the engine idles
+    model.on_step(3, 4096)
+    clock.now += 0.04
+    model.on_step_done(3)  # step 2 is forgotten, not timed at 5 s
     assert 100_000 < model.prefill_tokens_per_s < 105_000
 
 

@@ -22,7 +22,7 @@ from .cost import LoadCostModel
 from .keys import restart_hash_problem
 from .layout import SlotLayout
 from .log import logger
-from .metadata import OffloadMetadata, StoreCompletions
+from .metadata import OffloadMetadata, WorkerReport
 from .metrics import OffloadPromMetrics, OffloadStats
 from .pool import adopt_physical_layout, build_store_config, unlink_anonymous_l1
 from .scheduler import OffloadScheduler
@@ -123,9 +123,9 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
         assert self._worker is not None
         return None, self._worker.take_finished_loads()
 
-    def build_connector_worker_meta(self) -> StoreCompletions | None:
+    def build_connector_worker_meta(self) -> WorkerReport | None:
         assert self._worker is not None
-        return self._worker.take_store_completions()
+        return self._worker.take_report()
 
     def _meta(self) -> OffloadMetadata:
         meta = self._get_connector_metadata()
@@ -151,8 +151,8 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
 
     def update_connector_output(self, connector_output: Any) -> None:
         assert self._scheduler is not None
-        worker_meta = getattr(connector_output, "kv_connector_worker_meta", None)
-        self._scheduler.on_worker_output(connector_output.finished_recving, worker_meta)
+        report = getattr(connector_output, "kv_connector_worker_meta", None)
+        self._scheduler.on_worker_output(connector_output.finished_recving, report)
 
     def request_finished(
         self, request: Any, block_ids: list[int]

@@ -2,9 +2,10 @@
 
 A disk tier only pays off when reading a block is faster than prefilling its tokens: on a
 slow disk with a fast GPU it is not (vLLM's own fs tier made a 32k-token TTFT up to 2.3x
-slower than recomputing). Both costs are measured online: prefill time per token from each
-scheduler step's time from its start to its output (an idle engine between steps must not
-count as prefill), L2 read time per byte from the promotions the store completes. A
+slower than recomputing). Both costs are measured online: prefill time per token from the
+time between a step's start and the workers' report that they ran it (an idle engine
+between steps must not count as prefill), L2 read time per byte from the promotions the
+store completes. A
 configured rate is an assumption that the first measurement replaces; later measurements
 enter an exponentially weighted average of the time per unit (averaging rates instead
 would let fast samples hide slow ones). Until prefill has been measured, hits are loaded.
@@ -16,7 +17,6 @@ warm).
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,9 +25,9 @@ SMOOTHING = 0.2
 # prefill throughput; they are left out of the estimate.
 MIN_PREFILL_TOKENS = 256
 PROBE_AFTER_SKIPS = 16
-# Steps started whose output has not come back: one, or two under async scheduling. A
-# step whose output never reports (none should) is dropped when a later one starts.
-MAX_STEPS_IN_FLIGHT = 2
+# Prefill steps started whose output has not been reported: one, or two under async
+# scheduling; more only if reports are lost, and then the oldest are forgotten.
+MAX_STEPS_IN_FLIGHT = 4
 
 
 @dataclass
@@ -68,19 +68,25 @@ class LoadCostModel:
         self._l2 = _Cost.assumed(l2_read_bytes_per_s)
         self._prefill = _Cost.assumed(prefill_tokens_per_s)
         self._clock = clock
-        self._steps: deque[tuple[float, int]] = deque(maxlen=MAX_STEPS_IN_FLIGHT)
+        self._steps: dict[int, tuple[float, int]] = {}  # step -> (start, tokens)
         self._skips_in_a_row = 0
 
-    def on_step(self, scheduled_tokens: int) -> None:
-        """A scheduler step starts (its connector metadata is built) with these tokens."""
-        self._steps.append((self._clock(), scheduled_tokens))
-
-    def on_step_done(self) -> None:
-        """The oldest step in flight returned its output: time its tokens."""
-        if not self._steps:
+    def on_step(self, step: int, scheduled_tokens: int) -> None:
+        """Step number `step` starts (its connector metadata is built) with these tokens."""
+        if scheduled_tokens < MIN_PREFILL_TOKENS:
             return
-        start, tokens = self._steps.popleft()
-        if tokens >= MIN_PREFILL_TOKENS:
+        self._steps[step] = (self._clock(), scheduled_tokens)
+        if len(self._steps) > MAX_STEPS_IN_FLIGHT:
+            del self._steps[min(self._steps)]
+
+    def on_step_done(self, step: int) -> None:
+        """The workers reported that they ran step `step`: time its tokens (steps are
+        numbered in order, so any older one still waiting lost its report)."""
+        started = self._steps.pop(step, None)
+        for older in [s for s in self._steps if s < step]:
+            del self._steps[older]
+        if started is not None:
+            start, tokens = started
             self._prefill.observe(tokens, self._clock() - start)
 
     def on_promotion(self, nbytes: int, seconds: float) -> None:

@@ -35,14 +35,18 @@ class OffloadMetadata(KVConnectorMetadata):  # type: ignore[misc]
 
     loads: list[TransferJob] = field(default_factory=list)
     stores: list[TransferJob] = field(default_factory=list)
+    step: int = -1
+    """The scheduler's number for this step; the workers report it back once it ran."""
 
 
 @dataclass
-class StoreCompletions(KVConnectorWorkerMetadata):  # type: ignore[misc]
-    """Store jobs a worker has finished, counted over all workers of the engine."""
+class WorkerReport(KVConnectorWorkerMetadata):  # type: ignore[misc]
+    """What the workers report after a step: the store jobs they finished (counted over
+    all workers of the engine) and the last step they ran (-1: none yet)."""
 
     done: Counter[int] = field(default_factory=Counter)
+    step: int = -1
 
-    def aggregate(self, other: KVConnectorWorkerMetadata) -> StoreCompletions:
-        assert isinstance(other, StoreCompletions)
-        return StoreCompletions(done=self.done + other.done)
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> WorkerReport:
+        assert isinstance(other, WorkerReport)
+        return WorkerReport(done=self.done + other.done, step=max(self.step, other.step))

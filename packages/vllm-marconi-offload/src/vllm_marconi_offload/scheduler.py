@@ -12,7 +12,7 @@ Runs in vLLM's engine-core process and must never block a scheduler step:
   blocks vLLM allocated; the load goes to the workers in the next metadata.
 * `build_metadata`: the loads above, and a store for every block that becomes full in this
   step (demote-on-store; admission decides). Store slots stay pinned until every worker
-  reported the copy done (`StoreCompletions`), then they are committed.
+  reported the copy done (`WorkerReport`), then they are committed.
 
 Every KV-cache group is handled. Attention groups need every block of the hit; state
 groups (Mamba, linear attention) need only the state checkpointed at the hit's last
@@ -35,7 +35,7 @@ from .cost import LoadCostModel
 from .keys import block_key, chain_keys
 from .layout import SlotLayout
 from .log import logger
-from .metadata import BlockTransfer, OffloadMetadata, StoreCompletions, TransferJob
+from .metadata import BlockTransfer, OffloadMetadata, TransferJob, WorkerReport
 from .stats import HitCounters
 
 NULL_BLOCK = 0  # vLLM's placeholder block id (skipped window / unallocated positions)
@@ -114,6 +114,7 @@ class OffloadScheduler:
         self._loads_in_flight: dict[str, _Lookup] = {}
         self._stores_in_flight: dict[int, _PendingStore] = {}
         self._job_ids = itertools.count()
+        self._step_ids = itertools.count()
         self.counters = HitCounters()
 
     # -- lookups ---------------------------------------------------------------------
@@ -260,8 +261,9 @@ class OffloadScheduler:
     def build_metadata(self, scheduler_output: Any) -> OffloadMetadata:
         """This step's loads, plus stores of every block that becomes full in it."""
         self._store.tick()
-        self._cost.on_step(scheduler_output.total_num_scheduled_tokens)
-        meta = OffloadMetadata(loads=self._loads_to_send)
+        step = next(self._step_ids)
+        self._cost.on_step(step, scheduler_output.total_num_scheduled_tokens)
+        meta = OffloadMetadata(loads=self._loads_to_send, step=step)
         self._loads_to_send = []
         if not self._enabled:
             return meta
@@ -325,19 +327,19 @@ class OffloadScheduler:
 
     # -- worker feedback ---------------------------------------------------------------
     def on_worker_output(
-        self, finished_recving: set[str] | None, worker_meta: StoreCompletions | None
+        self, finished_recving: set[str] | None, report: WorkerReport | None
     ) -> None:
-        """A step's output is back: time the step, unpin finished loads, commit the stores
-        every worker has finished."""
-        self._cost.on_step_done()
+        """A step's output is back: time the step the workers ran, unpin finished loads,
+        commit the stores every worker has finished."""
         for req_id in finished_recving or ():
             lookup = self._loads_in_flight.pop(req_id, None)
             if lookup is not None:
                 for ticket in lookup.tickets():
                     self._store.end_load(ticket)
-        if worker_meta is None:
+        if report is None:
             return
-        for job_id, count in worker_meta.done.items():
+        self._cost.on_step_done(report.step)
+        for job_id, count in report.done.items():
             pending = self._stores_in_flight.get(job_id)
             if pending is None:
                 continue

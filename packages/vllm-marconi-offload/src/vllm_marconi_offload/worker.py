@@ -26,7 +26,7 @@ from .config import ConfigError
 from .cuda_mover import CudaBlockMover, staging_bytes_from_env
 from .layout import SlotLayout
 from .log import logger
-from .metadata import OffloadMetadata, StoreCompletions, TransferJob
+from .metadata import OffloadMetadata, TransferJob, WorkerReport
 from .pool import publish_physical_layout
 
 COPY_ENV = "VLLM_MARCONI_OFFLOAD_COPY"
@@ -58,6 +58,8 @@ class OffloadWorker:
         self._finished_stores: Counter[int] = Counter()
         self._loads_in_flight: list[tuple[str, list[torch.cuda.Event]]] = []
         self._stores_in_flight: list[tuple[int, list[torch.cuda.Event]]] = []
+        self._step = -1
+        self._reported_step = -1
 
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         """Map the KV cache tensors and create this rank's L1 file."""
@@ -85,6 +87,7 @@ class OffloadWorker:
         )
 
     def start_loads(self, meta: OffloadMetadata) -> None:
+        self._step = meta.step
         for job in meta.loads:
             if self._mover is not None:
                 self._loads_in_flight.append((job.req_id, self._start(job, load=True)))
@@ -137,12 +140,15 @@ class OffloadWorker:
         finished, self._finished_loads = self._finished_loads, set()
         return finished or None
 
-    def take_store_completions(self) -> StoreCompletions | None:
+    def take_report(self) -> WorkerReport | None:
+        """Stores finished since the last report and the step just run; None if neither
+        is new."""
         self._stores_in_flight = _collect(self._stores_in_flight, self._count_store)
-        if not self._finished_stores:
+        if not self._finished_stores and self._step == self._reported_step:
             return None
         done, self._finished_stores = self._finished_stores, Counter()
-        return StoreCompletions(done=done)
+        self._reported_step = self._step
+        return WorkerReport(done=done, step=self._step)
 
     def _count_store(self, job_id: int) -> None:
         self._finished_stores[job_id] += 1
