@@ -48,13 +48,18 @@ def make_llm(model: str, connector: dict[str, Any] | None) -> Any:
     )  # fmt: skip
 
 
-def ttft(llm: Any, prompt: list[int]) -> float:
+def first_token(llm: Any, prompt: list[int]) -> tuple[float, int]:
+    """Seconds to the first token, and the prompt tokens vLLM served from a cache."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     start = time.perf_counter()
-    llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
-    return time.perf_counter() - start
+    out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+    return time.perf_counter() - start, int(out.num_cached_tokens or 0)
+
+
+def ttft(llm: Any, prompt: list[int]) -> float:
+    return first_token(llm, prompt)[0]
 
 
 def decode(llm: Any, batch: list[list[int]], tokens: int) -> float:

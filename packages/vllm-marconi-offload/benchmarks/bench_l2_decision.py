@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench_connector import PROMPT_TOKENS, make_llm, prompts, tiny_model, ttft
+from bench_connector import PROMPT_TOKENS, first_token, make_llm, prompts, tiny_model, ttft
 
 HITS = 8
 PUSHERS = 3  # prompts that pass through L1 after each measured one (L1 holds two)
@@ -64,22 +63,14 @@ def l2_hits(
                 ttft(llm, q)
             time.sleep(0.3)  # lets the write-throughs land
             llm.reset_prefix_cache()
-            start = time.perf_counter()
-            result = llm.generate([{"prompt_token_ids": p}], _params(), use_tqdm=False)[0]
-            out["ttft_ms"].append(1000 * (time.perf_counter() - start))
-            out["cached_tokens"].append(int(result.num_cached_tokens or 0))
+            seconds, cached = first_token(llm, p)
+            out["ttft_ms"].append(1000 * seconds)
+            out["cached_tokens"].append(cached)
             time.sleep(0.3)  # the same idle gap before the reference as before the hit
             llm.reset_prefix_cache()
             out["fresh_ttft_ms"].append(1000 * ttft(llm, fresh[i]))
         del llm
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def _params() -> Any:
-    from vllm import SamplingParams
-
-    return SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
 
 def main() -> None:

@@ -5,13 +5,12 @@ slow disk with a fast GPU it is not (vLLM's own fs tier made a 32k-token TTFT up
 slower than recomputing). Both costs are measured online: prefill time per token from the
 time between a step's start and the workers' report that they ran it (an idle engine
 between steps must not count as prefill), L2 read time per byte from the promotions the
-store completes. A
-configured rate is an assumption that the first measurement replaces; later measurements
-enter an exponentially weighted average of the time per unit (averaging rates instead
-would let fast samples hide slow ones). Until prefill has been measured, hits are loaded.
-A skipped tier teaches the model nothing, so after `PROBE_AFTER_SKIPS` skips in a row one
-hit is loaded anyway to measure the disk again (it may have been busy, or the page cache
-warm).
+store completes. A configured rate is an assumption that the first measurement replaces;
+later measurements enter an exponentially weighted average of the time per unit
+(averaging rates instead would let fast samples hide slow ones). Until prefill has been
+measured, hits are loaded. A skipped tier teaches the model nothing, so after
+`PROBE_AFTER_SKIPS` skips in a row one hit is loaded anyway to measure the disk again (it
+may have been busy, or the page cache warm).
 """
 
 from __future__ import annotations
