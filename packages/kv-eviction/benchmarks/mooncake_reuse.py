@@ -15,9 +15,12 @@ Prints (all from the trace alone, no tuning):
    one turnover; a hash-chosen quarter of the chain roots kept 2 turnovers longer (a
    stable subset, as bimodal insertion does against thrashing); and `auto`'s doorkeeper
    rule held fixed (blocks stored for the first time are evicted first);
-5. two oracles that bound what better predictions of those kinds could give: LRU that is
-   told which accesses are a block's last (dead blocks are evicted first), and LFU that is
-   told every block's total use count in the trace.
+5. oracles that bound what better predictions of those kinds could give: LRU that is
+   told which accesses are a block's last (dead blocks are evicted first); LRU that is told
+   only which blocks are used once (a perfect doorkeeper); LFU that is told every block's
+   total use count in the trace; and a policy told each block's future rate (its remaining
+   uses over the requests until its last use, 0 once dead), which keeps the blocks an
+   independent-reference model says to keep.
 """
 
 from __future__ import annotations
@@ -144,6 +147,47 @@ class DeadFirstOracle(_ClockRule):
         key = self._keys[slot]
         self._seen[key] += 1
         return 0 if self._seen[key] >= self._total[key] else _BASE
+
+
+class OneShotOracle(_ClockRule):
+    """LRU, except that a block used only once in the whole trace is evicted first."""
+
+    name = "oracle: one-shot blocks first"
+
+    def __init__(self, total_uses: Counter[Hashable]) -> None:
+        super().__init__()
+        self._total = total_uses
+
+    def _shift(self, slot: int) -> int:
+        return 0 if self._total[self._keys[slot]] == 1 else _BASE
+
+
+class FutureRateOracle(_ClockRule):
+    """Evicts the lowest future rate: remaining uses / requests until the last use (0: dead).
+
+    The request clock is the simulator's one tick per request; ties go to the least
+    recently used.
+    """
+
+    name = "oracle: lowest future rate first"
+    _SCALE = 1 << 20
+
+    def __init__(self, uses: dict[Hashable, list[int]]) -> None:
+        super().__init__()
+        self._uses_at = uses
+        self.request = 0
+
+    def tick(self, n: int = 1) -> None:
+        super().tick(n)
+        self.request += n
+
+    def _shift(self, slot: int) -> int:
+        at = self._uses_at[self._keys[slot]]
+        later = len(at) - bisect.bisect_right(at, self.request)
+        if later == 0:
+            return 0
+        rate = later / (at[-1] - self.request + 1)
+        return (1 + int(rate * self._SCALE)) * _BASE
 
 
 class FrequencyOracle(_ClockRule):
@@ -278,8 +322,11 @@ def belady_keeps(trace: Trace, capacity: int) -> None:
 
 def rules(trace: Trace, capacities: list[int]) -> None:
     total: Counter[Hashable] = Counter()
-    for request in trace.requests:
-        total.update(set(request.blocks))
+    uses_at: defaultdict[Hashable, list[int]] = defaultdict(list)
+    for index, request in enumerate(trace.requests):
+        for key in set(request.blocks):
+            total[key] += 1
+            uses_at[key].append(index)
     makers: list[tuple[str, Callable[[], EvictionPolicy]]] = [
         ("lru", lambda: make_policy("lru")),
         ("fresh-first", FreshFirst),
@@ -287,7 +334,9 @@ def rules(trace: Trace, capacities: list[int]) -> None:
         ("root-subset", RootSubset),
         ("doorkeeper-lru (fixed)", FixedDoorkeeper),
         (DeadFirstOracle.name, lambda: DeadFirstOracle(total)),
+        (OneShotOracle.name, lambda: OneShotOracle(total)),
         (FrequencyOracle.name, lambda: FrequencyOracle(total)),
+        (FutureRateOracle.name, lambda: FutureRateOracle(uses_at)),
     ]
     print("\n## Token hit rate of rules on those features\n")
     print("| rule | " + " | ".join(f"{c:,}" for c in capacities) + " |")
