@@ -92,7 +92,7 @@ def main() -> None:
     rule = l2_hits(model, measured, fillers, fresh)
     from vllm_marconi_offload.cost import LoadCostModel
 
-    LoadCostModel.worth_loading = lambda self, l2_bytes, tokens: True  # type: ignore[method-assign]
+    LoadCostModel.blocks_to_load = lambda self, blocks, l2_bytes, tokens: blocks  # type: ignore[method-assign]
     always = l2_hits(model, measured, fillers, fresh)
 
     med = statistics.median

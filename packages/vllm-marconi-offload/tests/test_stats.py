@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from vllm_marconi_offload.stats import HitCounters
+from pathlib import Path
+
+from kvpool_mmap import StoreConfig, TierConfig, TieredStore
+from vllm_marconi_offload.stats import HitCounters, eviction_line, store_counters
 
 
 def test_hit_line_splits_tokens_and_requests_by_tier() -> None:
@@ -17,3 +20,27 @@ def test_hit_line_splits_tokens_and_requests_by_tier() -> None:
     assert "(l1_only=1 l2_only=1 mixed=1)" in line
     assert "token_hit_rate=27.5% (l1=17.5% l2=10.0%)" in line
     assert "hit_tokens=1100 lookup_tokens=4000" in line
+
+
+def test_blocks_that_find_no_l1_slot_are_reported(tmp_path: Path) -> None:
+    """A full L1 whose blocks cannot leave yet refuses stores; the log line and the
+    metrics must say how many blocks were not stored."""
+    config = StoreConfig(
+        stride=4096,
+        engine_id="stats",
+        fingerprint=b"stats",
+        l1=TierConfig(tmp_path / "l1", 2 * 4096),
+    )
+    store = TieredStore(config)
+    try:
+        first = store.begin_store([b"a" * 16, b"b" * 16])
+        store.commit_store(first)
+        load = store.begin_load([b"a" * 16, b"b" * 16])  # both pinned: nothing can be evicted
+        refused = store.begin_store([b"c" * 16, b"d" * 16, b"e" * 16])
+        assert refused.allocated == []
+        assert "not_stored=3" in eviction_line(store.stats())
+        assert store_counters(store.stats())["not_stored"] == 3
+        store.abort_store(refused)
+        store.end_load(load)
+    finally:
+        store.close()

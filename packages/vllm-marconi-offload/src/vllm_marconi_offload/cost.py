@@ -9,8 +9,11 @@ store completes. A configured rate is an assumption that the first measurement r
 later measurements enter an exponentially weighted average of the time per unit
 (averaging rates instead would let fast samples hide slow ones). Until prefill has been
 measured, hits are loaded. A skipped tier teaches the model nothing, so after
-`PROBE_AFTER_SKIPS` skips in a row one hit is loaded anyway to measure the disk again (it
-may have been busy, or the page cache warm).
+`PROBE_AFTER_SKIPS` skips in a row part of one hit is loaded anyway to measure the disk
+again (it may have been busy, or the page cache warm). The probe is sized so that, at the
+current estimates, it costs at most `PROBE_BUDGET` of the time recomputing the hit's L2
+part takes: a whole 32k-token L2 hit loaded as a probe once cost 3 s more than
+recomputing it on an H200.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ SMOOTHING = 0.2
 # prefill throughput; they are left out of the estimate.
 MIN_PREFILL_TOKENS = 256
 PROBE_AFTER_SKIPS = 16
+PROBE_BUDGET = 0.1
 # Prefill steps started whose output has not been reported: one, or two under async
 # scheduling; more only if reports are lost, and then the oldest are forgotten.
 MAX_STEPS_IN_FLIGHT = 4
@@ -92,17 +96,24 @@ class LoadCostModel:
         """A promotion of `nbytes` from L2 finished `seconds` after it started."""
         self._l2.observe(nbytes, seconds)
 
-    def worth_loading(self, l2_bytes: int, tokens: int) -> bool:
-        """True if reading `l2_bytes` from L2 is expected to beat recomputing `tokens`."""
+    def blocks_to_load(self, blocks: int, l2_bytes: int, tokens: int) -> int:
+        """How many of `blocks` hit blocks (holding `l2_bytes` in L2, covering `tokens`
+        tokens) to load: all when reading is expected to beat recomputing, else none, or
+        a probe's first few after `PROBE_AFTER_SKIPS` skips in a row."""
         if l2_bytes <= 0 or self._prefill.seconds_per_unit <= 0:
-            return True
+            return blocks
         load = l2_bytes * self._l2.seconds_per_unit
         recompute = tokens * self._prefill.seconds_per_unit
-        if load < recompute or self._skips_in_a_row >= PROBE_AFTER_SKIPS:
+        if load < recompute:
             self._skips_in_a_row = 0
-            return True
-        self._skips_in_a_row += 1
-        return False
+            return blocks
+        if self._skips_in_a_row < PROBE_AFTER_SKIPS:
+            self._skips_in_a_row += 1
+            return 0
+        self._skips_in_a_row = 0
+        # Each probed block costs (load - recompute) / blocks more than recomputing it.
+        affordable = PROBE_BUDGET * recompute / (load - recompute) * blocks
+        return max(1, min(blocks, int(affordable)))
 
     @property
     def l2_bytes_per_s(self) -> float:

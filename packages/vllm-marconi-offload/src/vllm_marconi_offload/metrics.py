@@ -46,6 +46,11 @@ _COUNTERS: dict[str, tuple[str, str, str | None]] = {
         "L2 blocks that failed their checksum and were treated as misses.",
         None,
     ),
+    "not_stored": (
+        "vllm:marconi_offload_not_stored_blocks",
+        "Blocks not stored because no L1 slot was free (L1 waits for L2 writes).",
+        None,
+    ),
 }
 
 

@@ -196,7 +196,8 @@ class OffloadScheduler:
         return _Lookup(blocks=blocks, chains=chains, states=states)
 
     def _worth_loading(self, tiers: list[list[Tier]], found: int) -> int:
-        """`found`, or the hit's L1 prefix when recomputing the rest beats reading it from L2."""
+        """How much of the `found` hit blocks to load: all, or the hit's L1 prefix when
+        recomputing the rest beats reading it from L2 (plus a few L2 blocks to probe)."""
         first_l2 = min(
             (group[:found].index(Tier.L2) for group in tiers if Tier.L2 in group[:found]),
             default=found,
@@ -204,10 +205,10 @@ class OffloadScheduler:
         if first_l2 == found:
             return found
         l2_bytes = sum(group[first_l2:found].count(Tier.L2) for group in tiers) * self._slot_bytes
-        if self._cost.worth_loading(l2_bytes, (found - first_l2) * self._block_size):
-            return found
-        self.counters.l2_skipped_blocks += found - first_l2
-        return first_l2
+        blocks = found - first_l2
+        load = self._cost.blocks_to_load(blocks, l2_bytes, blocks * self._block_size)
+        self.counters.l2_skipped_blocks += blocks - load
+        return first_l2 + load
 
     def _state_hit(self, hashes: Sequence[bytes], found: int) -> int:
         """Longest hit <= found whose end has every state group's checkpoint stored."""

@@ -67,6 +67,7 @@ def store_counters(stats: StoreStats) -> dict[str, int]:
         "demotes": stats.demotions,
         "promotes": stats.promotions,
         "checksum_failures": stats.checksum_failures,
+        "not_stored": stats.store_no_space,
     }
 
 
@@ -75,11 +76,13 @@ def eviction_line(stats: StoreStats) -> str:
 
     tracked = blocks the eviction policies track over both tiers (a block held in L1 and
     written through to L2 counts in each); hoisted = blocks chosen as L1 victims;
-    checksum_failures = L2 blocks that failed verification and were treated as misses.
+    checksum_failures = L2 blocks that failed verification and were treated as misses;
+    not_stored = blocks offered for storing that found no free L1 slot (L1 full of blocks
+    whose L2 write has not landed: stores outpace L2's write bandwidth).
     """
     return (
         f"Marconi eviction: stats=tracked={stats.l1_used + stats.l2_used} "
         f"l1={stats.l1_used} l2={stats.l2_used} demotes={stats.demotions} "
         f"promotes={stats.promotions} hoisted={stats.l1_evictions} "
-        f"checksum_failures={stats.checksum_failures}"
+        f"checksum_failures={stats.checksum_failures} not_stored={stats.store_no_space}"
     )
