@@ -1,12 +1,14 @@
 """TTFT of one long prompt on real vLLM with the 8B-class random-weight Llama, per mode.
 
-plain:  cold prefill, (a) HBM prefix hit, (d) recompute after the HBM prefix cache reset.
+plain:  cold prefill, (a) HBM prefix hit (right after the cold prefill, and again after a
+        second's pause), (d) recompute after the HBM prefix cache reset.
 ours:   cold prefill (with our stores), (b) L1 hit after an HBM reset, then (c) L2 hit
         after other prompts pushed the prompt out of L1 (L1 5 GiB, L2 on local disk).
 native: cold prefill, (e) vLLM's OffloadingConnector CPU hit after an HBM reset.
 
 One request at a time, max_tokens=1, random token ids. Each mode runs in its own process.
 Usage: python ttft_bench.py MODE [LENGTHS]   (default 4096,16384,32768; $OUT/ttft-MODE.json)
+GPU_BENCH_NO_L2=1 runs `ours` without L2 (no write-through; the L2 hit is then a miss).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import repo_path
 SCALE = 1 << 30 if not model_8b.SMOKE else 1 << 20
 L1_BYTES = 5 * SCALE
 PUSH_BYTES = 6 * SCALE  # other prompts' KV that must pass through L1 to push a prompt out
-L2_DIR = "/tmp/kvl2"
+L2_DIR = None if os.environ.get("GPU_BENCH_NO_L2") == "1" else "/tmp/kvl2"
 
 
 class Engine:
@@ -69,6 +71,8 @@ def measure(engine: Engine, mode: str, n: int) -> dict[str, Any]:
     r: dict[str, Any] = {}
     r["cold_ms"], _ = engine.ttft(ids)
     r["hbm_hit_ms"], r["hbm_hit_cached"] = engine.ttft(ids)
+    time.sleep(1.0)  # in-flight stores (and L2 writes) of the cold prefill settle
+    r["hbm_hit_settled_ms"], _ = engine.ttft(ids)
     engine.reset_hbm()
     key = {"plain": "recompute", "ours": "l1_hit", "native": "cpu_hit"}[mode]
     r[f"{key}_ms"], r[f"{key}_cached"] = engine.ttft(ids)
@@ -91,7 +95,7 @@ def main() -> None:
     ]
     repo_path.add_sources()
     model_8b.prepare_environment()
-    model_8b.fresh_pools(L2_DIR)  # no hits left over from an earlier run
+    model_8b.fresh_pools(*([L2_DIR] if L2_DIR else []))  # no hits left over from an earlier run
     engine = Engine(mode)
     result: dict[str, Any] = {"mode": mode, "startup_s": engine.startup_s}
     engine.ttft(prompt(random.Random(1), 512))  # warm-up
