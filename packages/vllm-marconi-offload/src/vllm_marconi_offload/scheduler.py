@@ -208,6 +208,13 @@ class OffloadScheduler:
         blocks = found - first_l2
         load = self._cost.blocks_to_load(blocks, l2_bytes, blocks * self._block_size)
         self.counters.l2_skipped_blocks += blocks - load
+        logger.debug(
+            "L2 part of a hit: %d blocks, %d loaded (estimates: L2 %.3g B/s, prefill %.3g tokens/s)",
+            blocks,
+            load,
+            self._cost.l2_bytes_per_s,
+            self._cost.prefill_tokens_per_s,
+        )
         return first_l2 + load
 
     def _state_hit(self, hashes: Sequence[bytes], found: int) -> int:
