@@ -134,3 +134,24 @@ def test_a_probe_loads_only_what_the_budget_allows() -> None:
     whole_recompute = hit["tokens"] / model.prefill_tokens_per_s
     assert load - recompute <= PROBE_BUDGET * whole_recompute * 1.01
     assert model.blocks_to_load(**hit) == 0  # the probe restarts the count of skips
+
+
+def test_a_chunk_scheduled_while_the_previous_runs_is_timed_from_that_ones_report() -> None:
+    """Async scheduling (vLLM 0.26 on the H200) schedules a 32k prompt's second 16k chunk
+    while the first runs; timing it from its scheduling counted both chunks and made the
+    prefill look slower than reading L2 (the likely cause of a 32k L2 hit loaded in 4.4 s
+    where recomputing took 1.2 s)."""
+    clock = FakeClock()
+    model = LoadCostModel(l2_read_bytes_per_s=1.5e9, prefill_tokens_per_s=0.0, clock=clock)
+    for first, second in ((1, 2), (3, 4)):
+        model.on_step(first, 16_384)
+        clock.now += 0.001
+        model.on_step(second, 16_384)  # scheduled while `first` runs
+        clock.now += 0.6
+        model.on_step_done(first)
+        clock.now += 0.6
+        model.on_step_done(second)
+        clock.now += 2.0  # idle until the next prompt
+    assert 26_000 < model.prefill_tokens_per_s < 28_000
+    blocks = 1_804  # run F's 32k L2 hit: 3.8 GB at 1.5 GB/s against 28,864 tokens
+    assert model.blocks_to_load(blocks, blocks * (2 << 20), blocks * 16) == 0

@@ -72,6 +72,7 @@ class LoadCostModel:
         self._prefill = _Cost.assumed(prefill_tokens_per_s)
         self._clock = clock
         self._steps: dict[int, tuple[float, int]] = {}  # step -> (start, tokens)
+        self._last_report = float("-inf")
         self._skips_in_a_row = 0
 
     def on_step(self, step: int, scheduled_tokens: int) -> None:
@@ -84,13 +85,20 @@ class LoadCostModel:
 
     def on_step_done(self, step: int) -> None:
         """The workers reported that they ran step `step`: time its tokens (steps are
-        numbered in order, so any older one still waiting lost its report)."""
+        numbered in order, so any older one still waiting lost its report).
+
+        A step runs from the later of its start and the previous report: under async
+        scheduling the next step is scheduled while the previous one still runs, and
+        counting that overlap made a long prompt's later chunks look twice as slow.
+        """
+        now = self._clock()
         started = self._steps.pop(step, None)
         for older in [s for s in self._steps if s < step]:
             del self._steps[older]
         if started is not None:
             start, tokens = started
-            self._prefill.observe(tokens, self._clock() - start)
+            self._prefill.observe(tokens, now - max(start, self._last_report))
+        self._last_report = now
 
     def on_promotion(self, nbytes: int, seconds: float) -> None:
         """A promotion of `nbytes` from L2 finished `seconds` after it started."""
