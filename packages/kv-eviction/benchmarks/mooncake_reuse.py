@@ -133,14 +133,21 @@ class FixedDoorkeeper(CandidatePolicy):
         return super().pop_victims(n)
 
 
-class DeadFirstOracle(_ClockRule):
+class _TotalUsesOracle(_ClockRule):
+    """A rule told every block's total use count in the trace."""
+
+    def __init__(self, total_uses: Counter[Hashable]) -> None:
+        super().__init__()
+        self._total = total_uses
+
+
+class DeadFirstOracle(_TotalUsesOracle):
     """LRU, except that a block whose access was its last in the trace is evicted first."""
 
     name = "oracle: dead blocks first"
 
     def __init__(self, total_uses: Counter[Hashable]) -> None:
-        super().__init__()
-        self._total = total_uses
+        super().__init__(total_uses)
         self._seen: Counter[Hashable] = Counter()
 
     def _shift(self, slot: int) -> int:
@@ -149,14 +156,10 @@ class DeadFirstOracle(_ClockRule):
         return 0 if self._seen[key] >= self._total[key] else _BASE
 
 
-class OneShotOracle(_ClockRule):
+class OneShotOracle(_TotalUsesOracle):
     """LRU, except that a block used only once in the whole trace is evicted first."""
 
     name = "oracle: one-shot blocks first"
-
-    def __init__(self, total_uses: Counter[Hashable]) -> None:
-        super().__init__()
-        self._total = total_uses
 
     def _shift(self, slot: int) -> int:
         return 0 if self._total[self._keys[slot]] == 1 else _BASE
@@ -190,14 +193,10 @@ class FutureRateOracle(_ClockRule):
         return (1 + int(rate * self._SCALE)) * _BASE
 
 
-class FrequencyOracle(_ClockRule):
+class FrequencyOracle(_TotalUsesOracle):
     """LFU on every block's total use count in the trace; ties to the least recently used."""
 
     name = "oracle: LFU on total uses"
-
-    def __init__(self, total_uses: Counter[Hashable]) -> None:
-        super().__init__()
-        self._total = total_uses
 
     def _shift(self, slot: int) -> int:
         return self._total[self._keys[slot]] * _BASE
