@@ -47,9 +47,8 @@ def test_the_first_promotion_replaces_the_assumed_rate() -> None:
     clock = FakeClock()
     model = LoadCostModel(l2_read_bytes_per_s=1.5e9, prefill_tokens_per_s=0.0, clock=clock)
     prefill_measured(model, clock, 62_000)
-    assert (
-        model.blocks_to_load(blocks=64, l2_bytes=2 << 20, tokens=2048) == 64
-    )  # assumed: 1.4 ms < 33 ms
+    # assumed: 1.4 ms < 33 ms
+    assert model.blocks_to_load(blocks=64, l2_bytes=2 << 20, tokens=2048) == 64
     model.on_promotion(nbytes=2 << 20, seconds=0.09)
     assert model.blocks_to_load(blocks=64, l2_bytes=2 << 20, tokens=2048) == 0
 
@@ -118,8 +117,8 @@ def test_a_skipped_tier_is_probed_again() -> None:
 
 
 def test_a_probe_loads_only_what_the_budget_allows() -> None:
-    """A probe of a long L2 hit loads a few blocks, not the whole hit (the whole 32k-token
-    hit loaded as a probe made a TTFT 3.5x slower than recomputing on an H200)."""
+    """A probe of a long L2 hit loads a few blocks, not the whole hit (loading a whole
+    32k-token L2 hit made a TTFT 3.5x slower than recomputing on an H200)."""
     clock = FakeClock()
     model = LoadCostModel(l2_read_bytes_per_s=0.8e9, prefill_tokens_per_s=0.0, clock=clock)
     prefill_measured(model, clock, 27_000)

@@ -48,7 +48,7 @@ _COUNTERS: dict[str, tuple[str, str, str | None]] = {
     ),
     "not_stored": (
         "vllm:marconi_offload_not_stored_blocks",
-        "Blocks not stored because no L1 slot was free (L1 waits for L2 writes).",
+        "Blocks not stored because no L1 slot was free (pinned by loads or awaiting L2 writes).",
         None,
     ),
 }

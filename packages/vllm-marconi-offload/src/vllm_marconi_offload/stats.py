@@ -77,8 +77,8 @@ def eviction_line(stats: StoreStats) -> str:
     tracked = blocks the eviction policies track over both tiers (a block held in L1 and
     written through to L2 counts in each); hoisted = blocks chosen as L1 victims;
     checksum_failures = L2 blocks that failed verification and were treated as misses;
-    not_stored = blocks offered for storing that found no free L1 slot (L1 full of blocks
-    whose L2 write has not landed: stores outpace L2's write bandwidth).
+    not_stored = blocks offered for storing that found no free L1 slot (every L1 block is
+    pinned by a load or waits for its L2 write: stores outpace L2's write bandwidth).
     """
     return (
         f"Marconi eviction: stats=tracked={stats.l1_used + stats.l2_used} "
