@@ -320,12 +320,11 @@ def belady_keeps(trace: Trace, capacity: int) -> None:
 
 
 def rules(trace: Trace, capacities: list[int]) -> None:
-    total: Counter[Hashable] = Counter()
     uses_at: defaultdict[Hashable, list[int]] = defaultdict(list)
     for index, request in enumerate(trace.requests):
         for key in set(request.blocks):
-            total[key] += 1
             uses_at[key].append(index)
+    total = Counter({key: len(at) for key, at in uses_at.items()})
     makers: list[tuple[str, Callable[[], EvictionPolicy]]] = [
         ("lru", lambda: make_policy("lru")),
         ("fresh-first", FreshFirst),
