@@ -1,14 +1,20 @@
-"""Asynchronous, pipelined block transfers between a CUDA KV cache and page-locked L1 rows.
+"""Asynchronous block transfers between a CUDA KV cache and page-locked L1 rows.
 
-A batch is cut into chunks of whole blocks. For a store, each chunk's layers are gathered
-into a GPU staging buffer on a gather stream, and the buffer goes to the L1 rows on a copy
-stream in one DMA per run of consecutive slots; a load runs the same pipeline backwards.
-The two streams overlap, so the PCIe link stays busy while the next chunk is gathered,
-and the caller's stream never waits for the host side of a transfer. Each call returns
-an event that completes when the whole batch has landed.
+Two ways, chosen at construction:
 
-L1 must be page-locked (`cudaHostRegister`): only then are the copies real DMA at the
-link's speed and asynchronous to the host.
+* staged (default): a batch is cut into chunks of whole blocks. For a store, each chunk's
+  layers are gathered into a GPU staging buffer on a gather stream (one Triton launch per
+  chunk; one torch copy per layer without Triton), and the buffer goes to the L1 rows on a
+  copy stream in one DMA per run of consecutive slots; a load runs the same pipeline
+  backwards. The two streams overlap, so the PCIe link stays busy while the next chunk is
+  gathered. The copy engines move the bytes; the SMs only gather and scatter in HBM.
+* direct: one Triton launch per batch reads (load) or writes (store) the L1 rows over
+  PCIe from the SMs, with no staging and no DMA.
+
+Either way the caller's stream never waits for the host side of a transfer, and each call
+returns an event that completes when the whole batch has landed. L1 must be page-locked
+(`cudaHostRegister`): only then can DMA reach the link's speed asynchronously, and only
+then can the GPU address the rows.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import torch
 
 from .block_copy import LayerBytes
 from .config import ConfigError
+from .triton_copy import GroupCopyPlan
 
 STAGING_ENV = "VLLM_MARCONI_OFFLOAD_STAGING_MIB"
 DEFAULT_STAGING_BYTES = 2 << 30  # whole 16k-token prefill chunk of an 8B model
@@ -84,20 +91,42 @@ class CudaBlockMover:
         layers: dict[int, list[LayerBytes]],
         device: torch.device,
         staging_bytes: int = DEFAULT_STAGING_BYTES,
+        *,
+        kernel: bool = True,
+        direct: bool = False,
     ) -> None:
+        """`kernel`: gather and scatter with one Triton launch where the layout allows
+        (else one torch copy per layer); `direct`: no staging, the kernel reaches the L1
+        rows itself (needs the kernel for every group, else ConfigError)."""
         self._layers = layers
         self._device = device
         self._gather = torch.cuda.Stream(device=device)
         self._copy = torch.cuda.Stream(device=device)
         self._rings: dict[int, _Ring] = {}
+        self._plans: dict[int, GroupCopyPlan] = {}
+        for group_id, group in layers.items():
+            plan = GroupCopyPlan.build(group, device) if kernel or direct else None
+            if plan is not None:
+                self._plans[group_id] = plan
+            elif direct:
+                raise ConfigError(
+                    "direct copies need Triton and 8-byte aligned KV pages; "
+                    "use VLLM_MARCONI_OFFLOAD_COPY=async"
+                )
+        self._direct = direct
         share = staging_bytes // max(1, len(layers))  # the groups split the staging budget
         for group_id, group in layers.items():
             width = sum(layer.nbytes for layer in group)
-            if width == 0:
+            if width == 0 or direct:
                 continue
             chunk = max(1, CHUNK_BYTES // width)
             count = max(2, share // (chunk * width))
             self._rings[group_id] = _Ring(device, width, chunk, count)
+
+    @property
+    def uses_kernel(self) -> bool:
+        """True if at least one group moves with the Triton kernel."""
+        return bool(self._plans)
 
     def store(
         self, group_id: int, blocks: Sequence[int], slots: Sequence[int], pool: torch.Tensor
@@ -106,13 +135,21 @@ class CudaBlockMover:
 
         The caller's stream waits only for the gathers (GPU to GPU), so the blocks may be
         overwritten by later kernels while the staged bytes are still crossing the link.
+        In direct mode the caller's stream waits for nothing: the kernel runs on the copy
+        stream, which keeps the blocks alive until it is done (`record_stream` semantics
+        are not needed: vLLM's KV tensors are never freed while the engine runs).
         """
         caller = torch.cuda.current_stream(self._device)
+        if self._direct:
+            return self._direct_copy(group_id, blocks, slots, pool, caller, to_rows=True)
         self._gather.wait_stream(caller)
         ring = self._rings[group_id]
         layers = self._layers[group_id]
+        plan = self._plans.get(group_id)
         with torch.cuda.stream(self._gather):
             indices = _index(blocks, self._device)
+            if plan is not None:
+                positions = torch.arange(ring.chunk_blocks, device=self._device)
         for begin in range(0, len(blocks), ring.chunk_blocks):
             count = min(ring.chunk_blocks, len(blocks) - begin)
             buffer = ring.take()
@@ -121,9 +158,12 @@ class CudaBlockMover:
                 if buffer.free is not None:
                     self._gather.wait_event(buffer.free)
                 index = indices[begin : begin + count]
-                for layer in layers:
-                    part = staged.narrow(1, layer.offset, layer.nbytes)
-                    part.copy_(layer.view.index_select(0, index))
+                if plan is not None:
+                    plan.copy(staged, positions[:count], index, to_rows=True)
+                else:
+                    for layer in layers:
+                        part = staged.narrow(1, layer.offset, layer.nbytes)
+                        part.copy_(layer.view.index_select(0, index))
                 gathered = torch.cuda.Event()
                 gathered.record(self._gather)
             with torch.cuda.stream(self._copy):
@@ -145,12 +185,17 @@ class CudaBlockMover:
         for its load in WAITING_FOR_REMOTE_KVS until then).
         """
         caller = torch.cuda.current_stream(self._device)
+        if self._direct:
+            return self._direct_copy(group_id, blocks, slots, pool, caller, to_rows=False)
         self._gather.wait_stream(caller)
         self._copy.wait_stream(caller)
         ring = self._rings[group_id]
         layers = self._layers[group_id]
+        plan = self._plans.get(group_id)
         with torch.cuda.stream(self._gather):
             indices = _index(blocks, self._device)
+            if plan is not None:
+                positions = torch.arange(ring.chunk_blocks, device=self._device)
         for begin in range(0, len(blocks), ring.chunk_blocks):
             count = min(ring.chunk_blocks, len(blocks) - begin)
             buffer = ring.take()
@@ -164,12 +209,39 @@ class CudaBlockMover:
             with torch.cuda.stream(self._gather):
                 self._gather.wait_event(copied)
                 index = indices[begin : begin + count]
-                for layer in layers:
-                    layer.view.index_copy_(0, index, staged.narrow(1, layer.offset, layer.nbytes))
+                if plan is not None:
+                    plan.copy(staged, positions[:count], index, to_rows=False)
+                else:
+                    for layer in layers:
+                        view = staged.narrow(1, layer.offset, layer.nbytes)
+                        layer.view.index_copy_(0, index, view)
                 buffer.free = torch.cuda.Event()
                 buffer.free.record(self._gather)
         done = torch.cuda.Event()
         done.record(self._gather)
+        return done
+
+    def _direct_copy(
+        self,
+        group_id: int,
+        blocks: Sequence[int],
+        slots: Sequence[int],
+        pool: torch.Tensor,
+        caller: torch.cuda.Stream,
+        *,
+        to_rows: bool,
+    ) -> torch.cuda.Event:
+        """One kernel on the copy stream between GPU `blocks` and pool rows `slots`."""
+        self._copy.wait_stream(caller)
+        with torch.cuda.stream(self._copy):
+            block_ids = _index(blocks, self._device)
+            row_ids = _index(slots, self._device)
+            self._plans[group_id].copy(pool, row_ids, block_ids, to_rows=to_rows)
+        if to_rows:
+            # Later kernels may overwrite the blocks only once they have been read.
+            caller.wait_stream(self._copy)
+        done = torch.cuda.Event()
+        done.record(self._copy)
         return done
 
     def synchronize(self) -> None:
