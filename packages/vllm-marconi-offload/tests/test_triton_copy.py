@@ -59,6 +59,15 @@ SCRIPT = textwrap.dedent(
     page = 8192
     shared = torch.randint(0, 256, (NUM_BLOCKS, LAYERS, page), dtype=torch.uint8)
     check([shared[:, i] for i in range(LAYERS)], page, LAYERS * page)
+    # Whole staged rows into scattered, wider L1 rows (how a store crosses PCIe by kernel).
+    staged = torch.randint(0, 256, (4, 3 * page), dtype=torch.uint8)
+    whole = [LayerBytes(staged, offset=0, nbytes=3 * page)]
+    plan = GroupCopyPlan.build(whole, torch.device("cpu"))
+    pool = torch.zeros(9, 3 * page + 512, dtype=torch.uint8)
+    plan.copy(pool, torch.tensor([8, 1, 4, 0]), torch.arange(4), to_rows=True)
+    for position, row in enumerate([8, 1, 4, 0]):
+        assert torch.equal(pool[row, : 3 * page], staged[position])
+        assert not pool[row, 3 * page :].any()
     # Pages of different sizes, or not whole words: no plan (the caller copies per layer).
     odd = [torch.zeros(NUM_BLOCKS, 4100, dtype=torch.uint8) for _ in range(2)]
     assert GroupCopyPlan.build(layers_of(odd, 4100), torch.device("cpu")) is None

@@ -1,20 +1,20 @@
 """Asynchronous block transfers between a CUDA KV cache and page-locked L1 rows.
 
-Two ways, chosen at construction:
+A batch is cut into chunks of whole blocks, moved on two side streams so the PCIe link
+stays busy while the next chunk is prepared. For a store, each chunk's layers are gathered
+into a GPU staging buffer on the gather stream (one Triton launch; one torch copy per layer
+without Triton), then the copy stream moves the buffer to the L1 rows; a load runs the same
+pipeline backwards. Between staging and L1 rows a chunk moves either by DMA, one copy per
+run of consecutive slots, or, when its slots are scattered into many runs, by one kernel
+that reads or writes the rows over PCIe (issuing one DMA per run would block the engine's
+thread for as long as the link is busy). A scattered load skips staging altogether: the
+kernel reads the rows straight into the KV blocks.
 
-* staged (default): a batch is cut into chunks of whole blocks. For a store, each chunk's
-  layers are gathered into a GPU staging buffer on a gather stream (one Triton launch per
-  chunk; one torch copy per layer without Triton), and the buffer goes to the L1 rows on a
-  copy stream in one DMA per run of consecutive slots; a load runs the same pipeline
-  backwards. The two streams overlap, so the PCIe link stays busy while the next chunk is
-  gathered. The copy engines move the bytes; the SMs only gather and scatter in HBM.
-* direct: one Triton launch per batch reads (load) or writes (store) the L1 rows over
-  PCIe from the SMs, with no staging and no DMA.
-
-Either way the caller's stream never waits for the host side of a transfer, and each call
-returns an event that completes when the whole batch has landed. L1 must be page-locked
-(`cudaHostRegister`): only then can DMA reach the link's speed asynchronously, and only
-then can the GPU address the rows.
+The caller's stream never waits for the host side of a transfer: a store's caller waits
+only for its gathers, so later kernels may overwrite the blocks while the bytes are still
+crossing the link. Each call returns an event that completes when the batch has landed.
+L1 must be page-locked (`cudaHostRegister`): only then do copies run at the link's speed
+asynchronously, and only then can the GPU address the rows.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from .triton_copy import GroupCopyPlan
 STAGING_ENV = "VLLM_MARCONI_OFFLOAD_STAGING_MIB"
 DEFAULT_STAGING_BYTES = 2 << 30  # whole 16k-token prefill chunk of an 8B model
 CHUNK_BYTES = 128 << 20
+# A chunk whose slots form more runs than this moves by kernel, not one DMA per run.
+MAX_DMA_RUNS = 4
 
 
 def slot_runs(slots: Sequence[int]) -> Iterator[tuple[int, int, int]]:
@@ -63,18 +65,23 @@ def staging_bytes_from_env() -> int:
 @dataclass
 class _Buffer:
     data: torch.Tensor  # uint8 [chunk_blocks, width] on the GPU
+    rows: GroupCopyPlan | None  # moves whole staged rows to L1 rows by kernel
     free: torch.cuda.Event | None = None  # recorded when its last transfer is done
 
 
 class _Ring:
     """Staging buffers of one width, allocated up front and reused round-robin."""
 
-    def __init__(self, device: torch.device, width: int, chunk_blocks: int, count: int) -> None:
+    def __init__(
+        self, device: torch.device, width: int, chunk_blocks: int, count: int, *, kernel: bool
+    ) -> None:
         self.chunk_blocks = chunk_blocks
-        self._buffers = [
-            _Buffer(torch.empty((chunk_blocks, width), dtype=torch.uint8, device=device))
-            for _ in range(count)
-        ]
+        self._buffers = []
+        for _ in range(count):
+            data = torch.empty((chunk_blocks, width), dtype=torch.uint8, device=device)
+            whole = [LayerBytes(data, offset=0, nbytes=width)]
+            rows = GroupCopyPlan.build(whole, device) if kernel else None
+            self._buffers.append(_Buffer(data, rows))
         self._next = 0
 
     def take(self) -> _Buffer:
@@ -121,7 +128,7 @@ class CudaBlockMover:
                 continue
             chunk = max(1, CHUNK_BYTES // width)
             count = max(2, share // (chunk * width))
-            self._rings[group_id] = _Ring(device, width, chunk, count)
+            self._rings[group_id] = _Ring(device, width, chunk, count, kernel=kernel)
 
     @property
     def uses_kernel(self) -> bool:
@@ -135,9 +142,8 @@ class CudaBlockMover:
 
         The caller's stream waits only for the gathers (GPU to GPU), so the blocks may be
         overwritten by later kernels while the staged bytes are still crossing the link.
-        In direct mode the caller's stream waits for nothing: the kernel runs on the copy
-        stream, which keeps the blocks alive until it is done (`record_stream` semantics
-        are not needed: vLLM's KV tensors are never freed while the engine runs).
+        In direct mode the caller's stream waits for the whole transfer: the kernel reads
+        the blocks while it writes them over the link.
         """
         caller = torch.cuda.current_stream(self._device)
         if self._direct:
@@ -148,10 +154,14 @@ class CudaBlockMover:
         plan = self._plans.get(group_id)
         with torch.cuda.stream(self._gather):
             indices = _index(blocks, self._device)
-            if plan is not None:
-                positions = torch.arange(ring.chunk_blocks, device=self._device)
+            slot_ids = _index(slots, self._device)
+            positions = torch.arange(ring.chunk_blocks, device=self._device)
+        # Read on the copy stream too: keep the allocator from reusing them before it has.
+        slot_ids.record_stream(self._copy)
+        positions.record_stream(self._copy)
         for begin in range(0, len(blocks), ring.chunk_blocks):
             count = min(ring.chunk_blocks, len(blocks) - begin)
+            chunk_slots = slots[begin : begin + count]
             buffer = ring.take()
             staged = buffer.data[:count]
             with torch.cuda.stream(self._gather):
@@ -168,7 +178,11 @@ class CudaBlockMover:
                 gathered.record(self._gather)
             with torch.cuda.stream(self._copy):
                 self._copy.wait_event(gathered)
-                _rows_copy(staged, pool, slots[begin : begin + count], to_pool=True)
+                if buffer.rows is not None and _by_kernel(chunk_slots, staged, pool):
+                    chunk_ids = slot_ids[begin : begin + count]
+                    buffer.rows.copy(pool, chunk_ids, positions[:count], to_rows=True)
+                else:
+                    _rows_copy(staged, pool, chunk_slots, to_pool=True)
                 buffer.free = torch.cuda.Event()
                 buffer.free.record(self._copy)
         caller.wait_stream(self._gather)
@@ -195,9 +209,15 @@ class CudaBlockMover:
         with torch.cuda.stream(self._gather):
             indices = _index(blocks, self._device)
             if plan is not None:
+                slot_ids = _index(slots, self._device)
                 positions = torch.arange(ring.chunk_blocks, device=self._device)
         for begin in range(0, len(blocks), ring.chunk_blocks):
             count = min(ring.chunk_blocks, len(blocks) - begin)
+            if plan is not None and _by_kernel(slots[begin : begin + count], plan, pool):
+                with torch.cuda.stream(self._gather):  # rows straight into the KV blocks
+                    chunk_ids = slot_ids[begin : begin + count]
+                    plan.copy(pool, chunk_ids, indices[begin : begin + count], to_rows=False)
+                continue
             buffer = ring.take()
             staged = buffer.data[:count]
             with torch.cuda.stream(self._copy):
@@ -248,6 +268,23 @@ class CudaBlockMover:
         """Wait for every transfer issued so far."""
         self._gather.synchronize()
         self._copy.synchronize()
+
+
+def _by_kernel(
+    slots: Sequence[int], staged: torch.Tensor | GroupCopyPlan, pool: torch.Tensor
+) -> bool:
+    """True if a chunk should cross PCIe by kernel: its rows are strided (hybrid groups
+    share a row), or its slots form more runs than one DMA each is worth."""
+    width = staged.width if isinstance(staged, GroupCopyPlan) else staged.shape[1]
+    if width != pool.shape[1]:
+        return True
+    runs = 1
+    for i in range(1, len(slots)):
+        if slots[i] != slots[i - 1] + 1:
+            runs += 1
+            if runs > MAX_DMA_RUNS:
+                return True
+    return False
 
 
 def _index(blocks: Sequence[int], device: torch.device) -> torch.Tensor:
