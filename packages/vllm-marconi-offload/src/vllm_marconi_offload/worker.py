@@ -15,7 +15,9 @@ synchronously.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TypeVar
@@ -98,8 +100,16 @@ class OffloadWorker:
     def start_loads(self, meta: OffloadMetadata) -> None:
         self._step = meta.step
         if self._mover is not None:
+            issued = time.perf_counter()
             events = self._start(meta.loads, load=True)
             self._loads_in_flight += [(job.req_id, events) for job in meta.loads]
+            if meta.loads and logger.isEnabledFor(logging.DEBUG):
+                logger.debug(
+                    "loads issued at %.3f: %d requests, %.1f ms to issue",
+                    time.time(),
+                    len(meta.loads),
+                    (time.perf_counter() - issued) * 1e3,
+                )
             return
         for job in meta.loads:
             self._run(job, load=True)
@@ -150,6 +160,8 @@ class OffloadWorker:
     def take_finished_loads(self) -> set[str] | None:
         self._loads_in_flight = _collect(self._loads_in_flight, self._finished_loads.add)
         finished, self._finished_loads = self._finished_loads, set()
+        if finished and logger.isEnabledFor(logging.DEBUG):
+            logger.debug("loads reported finished at %.3f: %d requests", time.time(), len(finished))
         return finished or None
 
     def take_report(self) -> WorkerReport | None:
