@@ -23,7 +23,8 @@ outcome reports. GB/s = bytes / time at least one job of that kind was running; 
 from the first start to the last end is reported too. Tier mode: these jobs move KV
 between vLLM's CPU pool and MemKV; GPU<->CPU-pool copies are vLLM's and not included.
 The server's `stats` (items, bytes used, puts, gets) before and after each engine are
-kept as a cross-check.
+kept as a cross-check (`server_used_delta_A`: bytes the server charged for A's values,
+rounded up to its 256 KiB blocks).
 
 Usage: python memkv_bench.py MODE [LENGTHS]   (default 16384,32768; $OUT/memkv-MODE.json,
 engine and server logs $OUT/memkv-MODE-{A,B,server}.log). Needs memkv-vllm's entry point
@@ -372,6 +373,8 @@ def run_engine(role: str, mode: str, lengths: str, address: str, limit_s: float)
     wall = round(time.monotonic() - start, 1)
     print(f"engine {role}: rc={rc} wall={wall}s", flush=True)
     if not result_path.exists():
+        tail = (out / f"memkv-{mode}-{role}.log").read_text(errors="replace").splitlines()[-40:]
+        print("\n".join("| " + line[:300] for line in tail), flush=True)
         return {"error": f"engine {role} exited with {rc} after {wall}s without a result"}
     result: dict[str, Any] = json.loads(result_path.read_text())
     result_path.unlink()
@@ -391,6 +394,9 @@ def compare(a: dict[str, Any], b: dict[str, Any], lengths: list[int]) -> dict[st
             "speedup_vs_recompute_B": round(rb["cold_ms"] / rb["hit_ms"], 2),
             "after_reset_ms": rb.get("after_reset_ms"),
             "first_token_identical": ra["first_token"] == rb["first_token"],
+            # control: A's own cold first token against its HBM-hit run (random weights
+            # give near-even logits; if this differs, a B mismatch may be numerics)
+            "A_cold_vs_hbm_hit_first_token_identical": ra["first_token"] == ra["tokens"][:1],
             "tokens_identical": ra["tokens"] == rb["tokens"],
             "store_GBps_A": ra["store"]["GBps"],
             "store_bytes_A": ra["store"]["bytes"],
@@ -427,13 +433,15 @@ def main() -> int:
             if "error" not in b:
                 result["summary"] = compare(a, b, lens)
                 result["store"] = a["store"]
+                result["server_used_delta_A"] = a["stats_after"]["used"] - a["stats_before"]["used"]
     finally:
         server.terminate()
         try:
             server.wait(10)
         except subprocess.TimeoutExpired:
             server.kill()
-    print("RESULT " + json.dumps({k: result.get(k) for k in ("mode", "summary", "store")}))
+    keys = ("mode", "summary", "store", "server_used_delta_A")
+    print("RESULT " + json.dumps({k: result.get(k) for k in keys}))
     (out / f"memkv-{mode}.json").write_text(json.dumps(result, indent=1))
     return 0 if "summary" in result else 1
 

@@ -19,5 +19,5 @@ export MEMKV_BENCH_BUDGET_S=${MEMKV_BENCH_BUDGET_S:-250}
 for mode in ${2:-tier direct}; do
   echo "=== memkv $mode $(date -u +%T)"
   timeout $((MEMKV_BENCH_BUDGET_S + 15)) "${PYTHON:-python3}" memkv_bench.py "$mode" ${1:+"$1"} 2>&1 \
-    | tee -a "$out/memkv.log" | grep -E "^[0-9]+ \{|RESULT|engine [AB]:|Error|error|Traceback" | cut -c1-800
+    | tee -a "$out/memkv.log" | grep -E "^\| |RESULT|engine [AB]:|Error|error|Traceback" | cut -c1-800
 done
