@@ -78,12 +78,14 @@ def measure(engine: Engine, mode: str, n: int) -> dict[str, Any]:
     time.sleep(1.0)  # in-flight stores (and L2 writes) of the cold prefill settle
     r["hbm_hit_settled_ms"], _ = engine.ttft(ids)
     key = {"plain": "recompute", "ours": "l1_hit", "native": "cpu_hit"}[mode]
-    times = []
+    times, starts = [], []
     for _ in range(HIT_REPEATS):
         engine.reset_hbm()
+        starts.append(round(time.time(), 3))  # to line up with the connector's debug lines
         ms, r[f"{key}_cached"] = engine.ttft(ids)
         times.append(ms)
     r[f"{key}_ms_all"] = times
+    r[f"{key}_started_at"] = starts
     r[f"{key}_ms"] = statistics.median(times)
     if mode == "ours":
         pushers = math.ceil(PUSH_BYTES / (n * model_8b.KV_BYTES_PER_TOKEN))

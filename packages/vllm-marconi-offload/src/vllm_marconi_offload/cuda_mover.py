@@ -129,6 +129,17 @@ class CudaBlockMover:
             chunk = max(1, CHUNK_BYTES // width)
             count = max(2, share // (chunk * width))
             self._rings[group_id] = _Ring(device, width, chunk, count, kernel=kernel)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Compile the kernel now rather than on the first hit (Triton compiles each
+        variant at its first launch): copy block 0 of each group out and back, unchanged."""
+        for plan in self._plans.values():
+            scratch = torch.empty((1, plan.width), dtype=torch.uint8, device=self._device)
+            first = torch.zeros(1, dtype=torch.long, device=self._device)
+            plan.copy(scratch, first, first, to_rows=True)
+            plan.copy(scratch, first, first, to_rows=False)
+        torch.cuda.synchronize(self._device)
 
     @property
     def uses_kernel(self) -> bool:
@@ -191,16 +202,25 @@ class CudaBlockMover:
         return done
 
     def load(
-        self, group_id: int, slots: Sequence[int], blocks: Sequence[int], pool: torch.Tensor
-    ) -> torch.cuda.Event:
-        """Copy rows `slots` of `pool` into GPU `blocks`; the event marks completion.
+        self,
+        group_id: int,
+        slots: Sequence[int],
+        blocks: Sequence[int],
+        pool: torch.Tensor,
+        ends: Sequence[int] | None = None,
+    ) -> list[torch.cuda.Event]:
+        """Copy rows `slots` of `pool` into GPU `blocks`; one event per entry of `ends`
+        (non-decreasing block counts, default `[len(blocks)]`), complete once the first
+        `end` blocks have landed, so the requests of a batch can start one by one.
 
-        The caller must not read the blocks before the event completes (the request waits
-        for its load in WAITING_FOR_REMOTE_KVS until then).
+        The caller must not read the blocks before their event completes (the request
+        waits for its load in WAITING_FOR_REMOTE_KVS until then).
         """
+        ends = [len(blocks)] if ends is None else list(ends)
         caller = torch.cuda.current_stream(self._device)
         if self._direct:
-            return self._direct_copy(group_id, blocks, slots, pool, caller, to_rows=False)
+            done = self._direct_copy(group_id, blocks, slots, pool, caller, to_rows=False)
+            return [done] * len(ends)
         self._gather.wait_stream(caller)
         self._copy.wait_stream(caller)
         ring = self._rings[group_id]
@@ -211,12 +231,15 @@ class CudaBlockMover:
             if plan is not None:
                 slot_ids = _index(slots, self._device)
                 positions = torch.arange(ring.chunk_blocks, device=self._device)
+        events: list[torch.cuda.Event] = []
+        self._record_reached(events, ends, 0)
         for begin in range(0, len(blocks), ring.chunk_blocks):
             count = min(ring.chunk_blocks, len(blocks) - begin)
             if plan is not None and _by_kernel(slots[begin : begin + count], plan, pool):
                 with torch.cuda.stream(self._gather):  # rows straight into the KV blocks
                     chunk_ids = slot_ids[begin : begin + count]
                     plan.copy(pool, chunk_ids, indices[begin : begin + count], to_rows=False)
+                self._record_reached(events, ends, begin + count)
                 continue
             buffer = ring.take()
             staged = buffer.data[:count]
@@ -237,9 +260,18 @@ class CudaBlockMover:
                         layer.view.index_copy_(0, index, view)
                 buffer.free = torch.cuda.Event()
                 buffer.free.record(self._gather)
-        done = torch.cuda.Event()
-        done.record(self._gather)
-        return done
+            self._record_reached(events, ends, begin + count)
+        return events
+
+    def _record_reached(
+        self, events: list[torch.cuda.Event], ends: Sequence[int], landed: int
+    ) -> None:
+        """Record, on the gather stream, an event for each end within the first `landed`
+        blocks that has none yet."""
+        while len(events) < len(ends) and ends[len(events)] <= landed:
+            event = torch.cuda.Event()
+            event.record(self._gather)
+            events.append(event)
 
     def _direct_copy(
         self,

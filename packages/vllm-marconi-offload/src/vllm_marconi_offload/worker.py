@@ -15,7 +15,9 @@ synchronously.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TypeVar
@@ -98,8 +100,18 @@ class OffloadWorker:
     def start_loads(self, meta: OffloadMetadata) -> None:
         self._step = meta.step
         if self._mover is not None:
-            events = self._start(meta.loads, load=True)
-            self._loads_in_flight += [(job.req_id, events) for job in meta.loads]
+            issued = time.perf_counter()
+            per_job = self._start_loads(meta.loads)
+            self._loads_in_flight += [
+                (job.req_id, events) for job, events in zip(meta.loads, per_job, strict=True)
+            ]
+            if meta.loads and logger.isEnabledFor(logging.DEBUG):
+                logger.debug(
+                    "loads issued at %.3f: %d requests, %.1f ms to issue",
+                    time.time(),
+                    len(meta.loads),
+                    (time.perf_counter() - issued) * 1e3,
+                )
             return
         for job in meta.loads:
             self._run(job, load=True)
@@ -107,32 +119,34 @@ class OffloadWorker:
 
     def run_stores(self, meta: OffloadMetadata) -> None:
         if self._mover is not None:
-            events = self._start(meta.stores, load=False)
+            events = self._start_stores(meta.stores)
             self._stores_in_flight += [(job.job_id, events) for job in meta.stores]
             return
         for job in meta.stores:
             self._run(job, load=False)
             self._finished_stores[job.job_id] += 1
 
-    def _start(self, jobs: list[TransferJob], *, load: bool) -> list[torch.cuda.Event]:
-        """Issue every job's transfers as one mover call per group; the events complete
+    def _start_loads(self, jobs: list[TransferJob]) -> list[list[torch.cuda.Event]]:
+        """Issue every job's loads as one mover call per group, in job order; each job
+        gets the events that complete once its own blocks have landed."""
+        assert self._mover is not None
+        assert self._pool is not None
+        per_job: list[list[torch.cuda.Event]] = [[] for _ in jobs]
+        for group_id, (blocks, slots, ends) in _by_group(jobs).items():
+            events = self._mover.load(group_id, slots, blocks, self._pool, ends)
+            for job_events, event in zip(per_job, events, strict=True):
+                job_events.append(event)
+        return per_job
+
+    def _start_stores(self, jobs: list[TransferJob]) -> list[torch.cuda.Event]:
+        """Issue every job's stores as one mover call per group; the events complete
         when all of them have landed."""
         assert self._mover is not None
         assert self._pool is not None
-        blocks: dict[int, list[int]] = {}
-        slots: dict[int, list[int]] = {}
-        for job in jobs:
-            for transfer in job.transfers:
-                blocks.setdefault(transfer.group_id, []).extend(transfer.gpu_blocks)
-                slots.setdefault(transfer.group_id, []).extend(transfer.slots)
-        events = []
-        for group_id, group_blocks in blocks.items():
-            if load:
-                event = self._mover.load(group_id, slots[group_id], group_blocks, self._pool)
-            else:
-                event = self._mover.store(group_id, group_blocks, slots[group_id], self._pool)
-            events.append(event)
-        return events
+        return [
+            self._mover.store(group_id, blocks, slots, self._pool)
+            for group_id, (blocks, slots, _) in _by_group(jobs).items()
+        ]
 
     def _run(self, job: TransferJob, *, load: bool) -> None:
         assert self._copier is not None, "register_kv_caches first"
@@ -150,6 +164,8 @@ class OffloadWorker:
     def take_finished_loads(self) -> set[str] | None:
         self._loads_in_flight = _collect(self._loads_in_flight, self._finished_loads.add)
         finished, self._finished_loads = self._finished_loads, set()
+        if finished and logger.isEnabledFor(logging.DEBUG):
+            logger.debug("loads reported finished at %.3f: %d requests", time.time(), len(finished))
         return finished or None
 
     def take_report(self) -> WorkerReport | None:
@@ -176,6 +192,24 @@ class OffloadWorker:
         close = getattr(self._l1, "close", None)
         if close is not None:
             close()
+
+
+def _by_group(jobs: list[TransferJob]) -> dict[int, tuple[list[int], list[int], list[int]]]:
+    """Per KV-cache group: every job's GPU blocks and slots, concatenated in job order,
+    and the running block count at the end of each job."""
+    grouped: dict[int, tuple[list[int], list[int], list[int]]] = {}
+    for group_id in sorted({t.group_id for job in jobs for t in job.transfers}):
+        blocks: list[int] = []
+        slots: list[int] = []
+        ends: list[int] = []
+        for job in jobs:
+            for transfer in job.transfers:
+                if transfer.group_id == group_id:
+                    blocks.extend(transfer.gpu_blocks)
+                    slots.extend(transfer.slots)
+            ends.append(len(blocks))
+        grouped[group_id] = (blocks, slots, ends)
+    return grouped
 
 
 def _describe(mover: CudaBlockMover | None, mode: str) -> str:
