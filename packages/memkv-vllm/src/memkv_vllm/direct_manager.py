@@ -20,7 +20,7 @@ from ._client import connect, warn_if_hashes_differ_per_process
 from .load_errors import current as current_load_errors
 from .lookup import Answer, BatchedLookup
 from .metrics import LOOKUP_ROUNDS, LOOKUPS, TierMetrics
-from .naming import direct_key, publish_key
+from .naming import direct_key, prefix_differences, publish_key, split_prefix_record
 
 __all__ = ["MemKVDirectManager", "adopt_prefix"]
 
@@ -52,18 +52,18 @@ def adopt_prefix(client: Any, engine_id: str, world_size: int, timeout: float) -
             f"{publish_key(engine_id, missing[0])!r} within {timeout:g}s "
             "(memkv_publish_timeout_s); check that every node reaches the same MemKV servers"
         )
-    if len(set(found.values())) != 1:
-        table = ", ".join(f"rank {r}: {v.hex()}" for r, v in sorted(found.items()))
+    prefixes = {rank: split_prefix_record(record)[0] for rank, record in found.items()}
+    if len(set(prefixes.values())) != 1:
         raise RuntimeError(
             "memkv-vllm: worker ranks key KV blocks differently (model, weights, dtype or "
-            f"KV layout differ between ranks): {table}"
+            f"KV layout differ between ranks): {prefix_differences(found)}"
         )
     for rank in range(world_size):
         try:
             client.delete(publish_key(engine_id, rank))
         except Exception as exc:  # the record is small and harmless
             log.debug("memkv-vllm: could not delete the prefix record: %s", exc)
-    return found[0]
+    return prefixes[0]
 
 
 class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
