@@ -328,12 +328,18 @@ def test_cancelled_load_releases_everything(
     assert_blocks(s, [0, 1, 2, 3])
 
 
+@pytest.mark.parametrize("overflow", ["drop_unwritten", "demote"])
 @pytest.mark.parametrize("seed", range(12))
 def test_randomised_workload_keeps_invariants(
-    make_config: MakeConfig, store_factory: Factory, monkeypatch: pytest.MonkeyPatch, seed: int
+    make_config: MakeConfig,
+    store_factory: Factory,
+    monkeypatch: pytest.MonkeyPatch,
+    seed: int,
+    overflow: str,
 ) -> None:
     """Random stores, loads held open, waited for or cancelled, on small tiers, with every
-    L2 transfer delayed by a random 0-2 ms so that completions interleave differently."""
+    L2 transfer delayed by a random 0-2 ms so that completions interleave differently,
+    under both answers to a full L1 (`l1_overflow`)."""
     delays = random.Random(seed)
     write, read = BlockMover.write_block, BlockMover.read_block
 
@@ -354,6 +360,8 @@ def test_randomised_workload_keeps_invariants(
         tp_size=2,
         write_through_queue=int(rng.integers(1, 6)),
         io_threads=int(rng.integers(1, 4)),
+        max_inflight_io=int(rng.integers(1, 4)),
+        l1_overflow=overflow,
     )
     s = store_factory(cfg)
     open_loads = []

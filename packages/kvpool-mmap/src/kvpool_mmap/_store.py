@@ -186,7 +186,7 @@ class TieredStore(StoreEngine):
                 self._counters["not_admitted"] += 1
                 continue
             want.append(i)
-        slots, _ = self._alloc_l1(len(want))
+        slots, _ = self._alloc_l1(len(want), wait_for_l2=self.config.l1_overflow == "demote")
         self._counters["store_no_space"] += len(want) - len(slots)
         ticket = StoreTicket(self._new_id(), list(keys), [None] * n, parents, depths)
         for i, slot in zip(want, slots, strict=False):
