@@ -11,7 +11,7 @@ and the scheduler owns `TieredStore(config, create_l1=False)`.
 """
 
 from ._codec import FORMAT_VERSION, HEADER_BYTES
-from ._config import MAX_KEY_BYTES, PAGE, StoreConfig, TierConfig
+from ._config import L1_OVERFLOW_MODES, MAX_KEY_BYTES, PAGE, L1Overflow, StoreConfig, TierConfig
 from ._errors import (
     ConfigError,
     InsufficientSpaceError,
@@ -28,11 +28,13 @@ from ._version import __version__
 __all__ = [
     "FORMAT_VERSION",
     "HEADER_BYTES",
+    "L1_OVERFLOW_MODES",
     "MAX_KEY_BYTES",
     "PAGE",
     "ConfigError",
     "InsufficientSpaceError",
     "KvPoolError",
+    "L1Overflow",
     "L1RankFile",
     "LayoutMismatchError",
     "LoadStatus",

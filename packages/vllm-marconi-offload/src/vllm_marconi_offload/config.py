@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from kvpool_mmap import L1_OVERFLOW_MODES, L1Overflow
 
 EVICTION_POLICIES = ("marconi", "lru", "auto")
 REUSE_MODES = ("linear", "log", "none")
@@ -36,6 +38,10 @@ class OffloadConfig:
     eviction_decay: float = 0.0
     eviction_reuse_mode: str = "linear"
     admission_threshold: int = 1
+    # A full L1 in front of a slower L2: "drop_unwritten" keeps storing new blocks and drops
+    # the oldest ones not yet written to L2; "demote" (the seed's design) refuses new blocks
+    # until the victims' L2 writes land.
+    l1_overflow: L1Overflow = "drop_unwritten"
     # Log a `[CPU-OFFLOAD HIT]` line every this many finished lookups.
     hit_log_interval: int = 10
     # Read bandwidth (bytes/s) assumed for L2 until measured; used to decide whether an
@@ -83,6 +89,9 @@ class OffloadConfig:
             eviction_decay=_float(extra, "eviction_decay", 0.0, minimum=0.0),
             eviction_reuse_mode=_choice(extra, "eviction_reuse_mode", "linear", REUSE_MODES),
             admission_threshold=_int(extra, "admission_threshold", 1, minimum=1),
+            l1_overflow=cast(
+                L1Overflow, _choice(extra, "l1_overflow", "drop_unwritten", L1_OVERFLOW_MODES)
+            ),
             hit_log_interval=_int(extra, "hit_log_interval", 10, minimum=1),
             l2_read_bytes_per_s=_float(extra, "l2_read_bytes_per_s", 1.5e9, minimum=1.0),
             prefill_tokens_per_s=_float(extra, "prefill_tokens_per_s", 0.0, minimum=0.0),
@@ -101,6 +110,7 @@ _KNOWN_KEYS = frozenset(
         "eviction_decay",
         "eviction_reuse_mode",
         "admission_threshold",
+        "l1_overflow",
         "hit_log_interval",
         "l2_read_bytes_per_s",
         "prefill_tokens_per_s",

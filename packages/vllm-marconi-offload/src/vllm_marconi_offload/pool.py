@@ -109,6 +109,7 @@ def build_store_config(
         eviction_policy=config.eviction_policy,
         eviction_options=config.eviction_options,
         admission_threshold=config.admission_threshold,
+        l1_overflow=config.l1_overflow,
     )
 
 
