@@ -111,7 +111,7 @@ def run(
                 looked_up += len(history)
                 if not args.load_l2:  # the L2 part is recomputed: only the L1 prefix loads
                     tiers = store.lookup(history)
-                    history = history[: (tiers + [Tier.L2]).index(Tier.L2)]
+                    history = history[: ([*tiers, Tier.L2]).index(Tier.L2)]
                 ticket = store.begin_load(history)
                 if store.wait_load(ticket, timeout=60) is not LoadStatus.PENDING:
                     hit = ticket.ready_prefix
