@@ -2,10 +2,10 @@
 
     python -m kvpool_mmap.bench_overload [--sessions 24] [--blocks 24] [--rounds 4]
         [--stride-kb 256] [--l1-fraction 0.33] [--store-ratio 2] [--l1-dir /dev/shm]
-        [--l2-dir /var/tmp] [--json FILE]
+        [--l2-dir /var/tmp] [--order shuffled|cyclic] [--load-l2] [--json FILE]
 
 Sessions of `--blocks` blocks grow by two blocks a round and come back in a shuffled order
-each round: a session looks up its whole history (the longest cached prefix is a hit;
+each round (`--order cyclic`: the same order, as the GPU multi-turn benchmark sends them): a session looks up its whole history (the longest cached prefix is a hit;
 L2 blocks are promoted), then stores what missed plus its new blocks. Stores arrive at
 `--store-ratio` times the L2 write rate measured first in the same run (an H200 prefill
 stores 3-4 GB/s, its host disk writes 1.7), paced by sleeping after each session. L1 holds
@@ -100,7 +100,8 @@ def run(
     start = time.perf_counter()
     for round_ in range(args.rounds + 1):
         order = list(range(args.sessions))
-        rng.shuffle(order)
+        if args.order == "shuffled":
+            rng.shuffle(order)
         length = args.blocks + GROWTH * round_
         for session in order:
             began = time.perf_counter()
@@ -159,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="load L2 hits (default: recompute them, as the connector's cost model does "
         "when the disk reads slower than the GPU prefills, e.g. on the H200)",
+    )
+    ap.add_argument(
+        "--order",
+        choices=("shuffled", "cyclic"),
+        default="shuffled",
+        help="sessions per round: shuffled, or always the same order (as multiturn_bench.py)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write the results here")
