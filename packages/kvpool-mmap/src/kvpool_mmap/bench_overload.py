@@ -7,8 +7,10 @@
 Sessions of `--blocks` blocks grow by two blocks a round and come back in a shuffled order
 each round (`--order cyclic`: the same order, as the GPU multi-turn benchmark sends them): a session looks up its whole history (the longest cached prefix is a hit;
 L2 blocks are promoted), then stores what missed plus its new blocks. Stores arrive at
-`--store-ratio` times the L2 write rate measured first in the same run (an H200 prefill
-stores 3-4 GB/s, its host disk writes 1.7), paced by sleeping after each session. L1 holds
+`--store-ratio` times the L2 write rate (an H200 prefill stores 3-4 GB/s, its host disk
+writes 1.7), paced by sleeping after each session. L2 writes are real writes capped at
+`--l2-write-mbps` (default 50 MB/s; 0: the disk's own rate, measured first) so that runs
+on a shared machine, whose disk speed varies, compare. L1 holds
 `--l1-fraction` of the final live context, L2 all of it. Three stores run the same
 workload with the same seed: L1 only (the bound an L2 should not fall below), and L1 + L2
 under each `l1_overflow` mode. Hit rate = blocks hit / blocks looked up, rounds 1 onward;
@@ -22,14 +24,17 @@ import argparse
 import json
 import random
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ._codec import HEADER_BYTES
 from ._config import L1_OVERFLOW_MODES, StoreConfig, TierConfig
+from ._io import BlockMover
 from ._store import TieredStore
 from ._types import LoadStatus, Tier
 
@@ -73,6 +78,35 @@ def _config(
         eviction_policy="lru",
         l1_overflow=mode if mode in L1_OVERFLOW_MODES else "drop_unwritten",  # type: ignore[arg-type]
     )
+
+
+class CappedWrites:
+    """Caps the store's L2 writes at `bytes_per_s` in total (each a real write, then a wait
+    for its turn), so that runs on a shared machine compare: the disk's own speed varies."""
+
+    def __init__(self, bytes_per_s: float) -> None:
+        self.bytes_per_s = bytes_per_s
+        self._next = 0.0
+        self._lock = threading.Lock()
+        self._write = BlockMover.write_block
+
+    def __enter__(self) -> CappedWrites:
+        capped = self
+
+        def write_block(mover: BlockMover, *args: Any) -> list[int]:
+            out = capped._write(mover, *args)
+            with capped._lock:
+                now = time.monotonic()
+                capped._next = max(capped._next, now) + mover.stride / capped.bytes_per_s
+                wait = capped._next - now
+            time.sleep(wait)
+            return out
+
+        BlockMover.write_block = write_block  # type: ignore[method-assign,assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        BlockMover.write_block = self._write  # type: ignore[method-assign]
 
 
 def measure_l2_write(l1_dir: Path, l2_dir: Path, stride: int, blocks: int) -> float:
@@ -153,6 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stride-kb", type=int, default=256, help="block size")
     ap.add_argument("--l1-fraction", type=float, default=0.33, help="of the final live context")
     ap.add_argument("--store-ratio", type=float, default=2.0, help="store rate / L2 write rate")
+    ap.add_argument(
+        "--l2-write-mbps",
+        type=float,
+        default=50.0,
+        help="cap L2 writes at this many MB/s (below the disk's measured rate) so runs on a "
+        "shared machine compare; 0: the disk's own, varying, speed",
+    )
     ap.add_argument("--l1-dir", type=Path, default=Path("/dev/shm"))
     ap.add_argument("--l2-dir", type=Path, default=Path("/var/tmp"))
     ap.add_argument(
@@ -179,12 +220,15 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.TemporaryDirectory(dir=args.l2_dir) as l2,
     ):
         disk = measure_l2_write(Path(l1), Path(l2), stride, min(l1_slots, 256))
+        if args.l2_write_mbps:
+            disk = min(disk, args.l2_write_mbps * 1e6)
         rate = disk * args.store_ratio
-        for mode in ("l1_only", *reversed(L1_OVERFLOW_MODES)):
-            l2_dir = None if mode == "l1_only" else Path(l2)
-            config = _config(Path(l1), l2_dir, stride, l1_slots, 2 * live, mode)
-            with TieredStore(config) as store:
-                results.append(run(store, mode, args, rate))
+        with CappedWrites(disk if args.l2_write_mbps else float("inf")):
+            for mode in ("l1_only", *reversed(L1_OVERFLOW_MODES)):
+                l2_dir = None if mode == "l1_only" else Path(l2)
+                config = _config(Path(l1), l2_dir, stride, l1_slots, 2 * live, mode)
+                with TieredStore(config) as store:
+                    results.append(run(store, mode, args, rate))
     print(
         f"{args.sessions} sessions x {args.blocks}+{GROWTH}/round blocks of {args.stride_kb} KiB, "
         f"{args.rounds} warm rounds; L1 {l1_slots} of {live} blocks; L2 writes "
