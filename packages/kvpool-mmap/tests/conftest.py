@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import settings
 from kvpool_mmap import HEADER_BYTES, StoreConfig, TierConfig, TieredStore
+from kvpool_mmap._io import BlockMover
 
 STRIDE = 4096
 
@@ -74,3 +76,16 @@ def block(i: int, tp: int = 1, stride: int = STRIDE) -> np.ndarray:
     """Deterministic block contents [tp, stride] for key(i)."""
     rng = np.random.default_rng(i)
     return rng.integers(0, 256, (tp, stride), dtype=np.uint8)
+
+
+def hold_l2_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Make every L2 write wait (at most 10 s) on its I/O thread until the returned gate is set."""
+    gate = threading.Event()
+    write = BlockMover.write_block
+
+    def held(self: BlockMover, *args: object) -> list[int]:
+        gate.wait(10)
+        return write(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BlockMover, "write_block", held)
+    return gate

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from conftest import MakeConfig, key
+from conftest import MakeConfig, hold_l2_writes, key
 from kvpool_mmap import ConfigError, StoreConfig, Tier, TieredStore
 from kvpool_mmap._io import BlockMover
 from test_store import assert_blocks, check_invariants, put_chain, settle
@@ -34,14 +34,7 @@ def slow_disk(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def held_disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """Every L2 write waits for the yielded gate (released at teardown at the latest)."""
-    gate = threading.Event()
-    write = BlockMover.write_block
-
-    def held(self: BlockMover, *args: object) -> list[int]:
-        gate.wait(10)
-        return write(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(BlockMover, "write_block", held)
+    gate = hold_l2_writes(monkeypatch)
     yield gate
     gate.set()
 

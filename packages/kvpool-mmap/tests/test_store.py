@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MakeConfig, block, key
+from conftest import MakeConfig, block, hold_l2_writes, key
 from kvpool_mmap import (
     LoadStatus,
     PoolInUseError,
@@ -501,14 +501,7 @@ def l1_full_of_hanging_writes(
     s = store_factory(make_config(l1_slots=4, l2_slots=32, io_threads=1))
     put_chain(s, [0, 1, 2, 3])
     settle(s)
-    gate = threading.Event()
-    write = BlockMover.write_block
-
-    def gated(self: BlockMover, *args: object) -> list[int]:
-        gate.wait(10)
-        return write(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(BlockMover, "write_block", gated)
+    gate = hold_l2_writes(monkeypatch)
     assert put_chain(s, [4, 5, 6, 7]) == 4
     return s, gate
 
