@@ -20,6 +20,7 @@ import tarfile
 import tomllib
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -38,15 +39,15 @@ def packages() -> dict[str, Path]:
     return found
 
 
-def _project(folder: Path) -> dict[str, object]:
-    project: dict[str, object] = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
+def _project(folder: Path) -> dict[str, Any]:
+    project: dict[str, Any] = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
     return project
 
 
 def version_file(folder: Path) -> Path:
     """The file hatch reads the package's version from."""
     data = tomllib.loads((folder / "pyproject.toml").read_text())
-    return folder / data["tool"]["hatch"]["version"]["path"]
+    return folder / str(data["tool"]["hatch"]["version"]["path"])
 
 
 def read_version(folder: Path) -> str:
@@ -65,7 +66,7 @@ def check() -> list[str]:
         problems.append(f"packages disagree on the release version: {versions}")
     for name, folder in found.items():
         project = _project(folder)
-        for spec in project.get("dependencies", []):  # type: ignore[attr-defined]
+        for spec in project.get("dependencies", []):
             req = Requirement(spec)
             dep = canonicalize_name(req.name)
             if dep in found and str(req.specifier) != f"=={versions[dep]}":
