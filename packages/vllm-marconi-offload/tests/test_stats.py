@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from kvpool_mmap import RecoveryReport, StoreConfig, TierConfig, TieredStore
@@ -15,6 +17,22 @@ from vllm_marconi_offload.stats import (
     recovery_line,
     store_counters,
 )
+
+
+@contextmanager
+def _l1_only_store(tmp_path: Path, blocks: int) -> Iterator[TieredStore]:
+    """A standalone store of 4 KiB blocks: an L1 of `blocks` slots, no L2."""
+    config = StoreConfig(
+        stride=4096,
+        engine_id="stats",
+        fingerprint=b"stats",
+        l1=TierConfig(tmp_path / "l1", blocks * 4096),
+    )
+    store = TieredStore(config)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def test_hit_line_splits_tokens_and_requests_by_tier() -> None:
@@ -34,14 +52,7 @@ def test_hit_line_splits_tokens_and_requests_by_tier() -> None:
 def test_blocks_that_find_no_l1_slot_are_reported(tmp_path: Path) -> None:
     """A full L1 whose blocks cannot leave yet refuses stores; the log line and the
     metrics must say how many blocks were not stored."""
-    config = StoreConfig(
-        stride=4096,
-        engine_id="stats",
-        fingerprint=b"stats",
-        l1=TierConfig(tmp_path / "l1", 2 * 4096),
-    )
-    store = TieredStore(config)
-    try:
+    with _l1_only_store(tmp_path, blocks=2) as store:
         first = store.begin_store([b"a" * 16, b"b" * 16])
         store.commit_store(first)
         load = store.begin_load([b"a" * 16, b"b" * 16])  # both pinned: nothing can be evicted
@@ -51,23 +62,12 @@ def test_blocks_that_find_no_l1_slot_are_reported(tmp_path: Path) -> None:
         assert store_counters(store.stats())["not_stored"] == 3
         store.abort_store(refused)
         store.end_load(load)
-    finally:
-        store.close()
 
 
 def test_occupancy_counts_blocks_and_bytes_per_tier(tmp_path: Path) -> None:
-    config = StoreConfig(
-        stride=4096,
-        engine_id="occupancy",
-        fingerprint=b"occupancy",
-        l1=TierConfig(tmp_path / "l1", 8 * 4096),
-    )
-    store = TieredStore(config)
-    try:
+    with _l1_only_store(tmp_path, blocks=8) as store:
         store.commit_store(store.begin_store([b"a" * 16, b"b" * 16, b"c" * 16]))
         gauges = occupancy(store.stats(), store.config)
-    finally:
-        store.close()
     assert gauges["l1_used_blocks"] == 3
     assert gauges["l1_used_bytes"] == 3 * 4096
     assert gauges["l1_capacity_bytes"] == gauges["l1_capacity_blocks"] * 4096 > 0
