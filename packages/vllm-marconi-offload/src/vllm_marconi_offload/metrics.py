@@ -136,8 +136,9 @@ class OffloadPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
             labels = [*labelnames, "tier"] if tier else list(labelnames)
             make = self._gauge_cls if name in _GAUGE_NAMES else self._counter_cls
             self._metrics[name] = make(name=name, documentation=documentation, labelnames=labels)
+        histogram: Any = self._histogram_cls  # vLLM types it as any metric class
         for name, documentation in _HISTOGRAMS.values():
-            self._metrics[name] = self._histogram_cls(
+            self._metrics[name] = histogram(
                 name=name,
                 documentation=documentation,
                 labelnames=list(labelnames),
