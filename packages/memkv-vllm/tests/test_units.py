@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from pathlib import Path
@@ -109,7 +110,11 @@ def test_lookup_sends_one_round_per_flush_and_caches_answers(memkv: MemKVServer)
         lookup.close()
 
 
-def test_lookup_round_that_hangs_or_fails_resolves_as_absent() -> None:
+def test_lookup_round_that_hangs_or_fails_resolves_as_absent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # vLLM's logging setup stops "vllm.*" records from reaching the root logger
+    logging.getLogger("vllm.memkv_vllm").addHandler(caplog.handler)
     gate = threading.Event()
     now = [0.0]
 
@@ -135,6 +140,10 @@ def test_lookup_round_that_hangs_or_fails_resolves_as_absent() -> None:
         lookup.flush()
     assert lookup.query(b"k") is Answer.MISS
     lookup.close()
+    warnings = [r.getMessage() for r in caplog.records if "exists round" in r.getMessage()]
+    assert len(set(warnings)) == 2  # the hung round, then the failed one
+    assert all("MEMKV_SERVERS" in w and "MEMKV_CONFIG" in w for w in warnings)
+    logging.getLogger("vllm.memkv_vllm").removeHandler(caplog.handler)
 
 
 def test_forget_drops_cached_answers_and_the_round_in_flight() -> None:
