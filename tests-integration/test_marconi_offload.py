@@ -210,3 +210,48 @@ def test_hybrid_model_gets_hits_and_identical_tokens(
     # Attention blocks and the linear-attention state at the hit's end came from L1.
     assert offload.cached(1)[0] > len(prompt) // 2
     assert hit_percent(offload, "l1") > 0
+
+
+def test_bad_key_stops_the_server_once_before_the_engine_starts(
+    tiny_llama: str, tmp_path: Path
+) -> None:
+    """A typo in `kv_connector_extra_config` stops `LLM(...)` (as `vllm serve`: engine core
+    in its own process) while the configuration is built: one error naming the key, and no
+    engine core or worker ever started."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from conftest import HERE
+    from vllm_env import offline_engine_env
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "model": tiny_llama,
+                "kv_transfer_config": {
+                    "kv_connector": "MarconiOffloadConnector",
+                    "kv_role": "kv_both",
+                    "kv_connector_extra_config": {"cpu_bytes_to_us": "1GiB"},
+                },
+                "phases": [],
+            }
+        )
+    )
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "drivers" / "generate.py"), str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=offline_engine_env(VLLM_ENABLE_V1_MULTIPROCESSING="1"),
+    )
+    elapsed = time.monotonic() - started
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert log.count("unknown key(s) ['cpu_bytes_to_us']") == 1, log[-4000:]
+    assert "accepted keys" in log
+    assert "Initializing a V1 LLM engine" not in log, log[-4000:]  # no engine core started
+    print(f"bad key rejected after {elapsed:.1f} s")

@@ -11,7 +11,17 @@ and the scheduler owns `TieredStore(config, create_l1=False)`.
 """
 
 from ._codec import FORMAT_VERSION, HEADER_BYTES
-from ._config import MAX_KEY_BYTES, MAX_TIER_BYTES, PAGE, StoreConfig, TierConfig, check_pool_path
+from ._config import (
+    DIRECT_IO_MODES,
+    FSYNC_MODES,
+    MAX_IO_THREADS,
+    MAX_KEY_BYTES,
+    MAX_TIER_BYTES,
+    PAGE,
+    StoreConfig,
+    TierConfig,
+    check_pool_path,
+)
 from ._errors import (
     ConfigError,
     InsufficientSpaceError,
@@ -20,15 +30,18 @@ from ._errors import (
     PoolInUseError,
 )
 from ._l1 import L1RankFile, open_l1_rank
-from ._pools import PoolFile, inspect_pool_file, pool_files, remove_if_stale
+from ._pools import PoolFile, inspect_pool_file, pool_files, remove_if_stale, remove_stale_l1
 from ._recovery import RecoveryReport, check_l2, check_l2_files
 from ._store import TieredStore
 from ._types import LoadStatus, LoadTicket, StoreStats, StoreTicket, Tier
 from ._version import __version__
 
 __all__ = [
+    "DIRECT_IO_MODES",
     "FORMAT_VERSION",
+    "FSYNC_MODES",
     "HEADER_BYTES",
+    "MAX_IO_THREADS",
     "MAX_KEY_BYTES",
     "MAX_TIER_BYTES",
     "PAGE",
@@ -56,4 +69,5 @@ __all__ = [
     "open_l1_rank",
     "pool_files",
     "remove_if_stale",
+    "remove_stale_l1",
 ]

@@ -23,8 +23,8 @@ FsyncMode = Literal["batch", "always", "never"]
 DirectIO = Literal["auto", "on", "off"]
 
 _ENGINE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_FSYNC_MODES = ("batch", "always", "never")
-_DIRECT_MODES = ("auto", "on", "off")
+FSYNC_MODES: tuple[FsyncMode, ...] = ("batch", "always", "never")
+DIRECT_IO_MODES: tuple[DirectIO, ...] = ("auto", "on", "off")
 
 
 def round_up(n: int, to: int) -> int:
@@ -167,10 +167,10 @@ class StoreConfig:
         _positive_int("io_threads", self.io_threads, maximum=MAX_IO_THREADS)
         _positive_int("max_inflight_io", self.max_inflight_io)
         _positive_int("write_through_queue", self.write_through_queue)
-        if self.l2_fsync not in _FSYNC_MODES:
-            raise ConfigError(f"l2_fsync must be one of {_FSYNC_MODES}, got {self.l2_fsync!r}")
-        if self.direct_io not in _DIRECT_MODES:
-            raise ConfigError(f"direct_io must be one of {_DIRECT_MODES}, got {self.direct_io!r}")
+        if self.l2_fsync not in FSYNC_MODES:
+            raise ConfigError(f"l2_fsync must be one of {FSYNC_MODES}, got {self.l2_fsync!r}")
+        if self.direct_io not in DIRECT_IO_MODES:
+            raise ConfigError(f"direct_io must be one of {DIRECT_IO_MODES}, got {self.direct_io!r}")
         for flag in ("write_through", "verify_on_open"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
