@@ -8,71 +8,22 @@ owner, so a second engine under the same name changes nothing.
 from __future__ import annotations
 
 import hashlib
-import multiprocessing as mp
 import os
-import signal
 import subprocess
-from collections.abc import Iterator
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
-from conftest import MakeConfig, block, key
+from conftest import Holder, MakeConfig, block, key
 from kvpool_mmap import (
     ConfigError,
-    L1RankFile,
     LayoutMismatchError,
     PoolInUseError,
-    StoreConfig,
     TierConfig,
     TieredStore,
     check_l2,
     open_l1_rank,
 )
 from kvpool_mmap._l2file import L2RankFile
-
-
-def _hold(config: StoreConfig, what: str, conn: Connection) -> None:
-    """Child: own the pool like a running engine (a worker's L1 file, or a whole store)."""
-    if what == "l1":
-        held: L1RankFile | TieredStore = open_l1_rank(config, 0, create=True)
-    else:
-        held = TieredStore(config)
-        held.put([key(1)], block(1)[None])
-        held.flush()
-    conn.send(os.getpid())
-    conn.recv()  # until told to exit (or killed)
-    held.close()
-
-
-class Holder:
-    """A real second process that holds a pool until stopped or killed."""
-
-    def __init__(self, config: StoreConfig, what: str) -> None:
-        ctx = mp.get_context("fork")
-        self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_hold, args=(config, what, child), daemon=True)
-        self.process.start()
-        assert self._conn.poll(60), "holder did not start"
-        self.pid: int = self._conn.recv()
-
-    def kill(self) -> None:
-        os.kill(self.pid, signal.SIGKILL)
-        self.process.join(10)
-
-    def stop(self) -> None:
-        if self.process.is_alive():
-            self._conn.send("exit")
-            self.process.join(10)
-
-
-@pytest.fixture
-def holders() -> Iterator[list[Holder]]:
-    started: list[Holder] = []
-    yield started
-    for h in started:
-        if h.process.is_alive():
-            h.kill()
 
 
 def _digest(directory: Path) -> dict[str, tuple[int, str]]:

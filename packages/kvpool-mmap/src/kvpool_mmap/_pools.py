@@ -39,7 +39,8 @@ class PoolFile:
     """"l1" or "l2"."""
     size: int
     owners: tuple[int, ...]
-    """Processes holding its lock; empty if no running engine owns it (stale)."""
+    """Processes holding its lock; empty if no running engine owns it (an L1 file is then
+    stale; an L2 file waits for its engine's next start)."""
     superblock: Superblock | None
     problem: str
     """Why the superblock could not be read (empty if it was)."""
@@ -48,9 +49,9 @@ class PoolFile:
 
     @property
     def owner(self) -> str:
-        """The owning processes in words, or "stale"."""
+        """The owning processes in words, or "none"."""
         if not self.owners:
-            return "stale"
+            return "none"
         return " and ".join(describe_process(p) for p in self.owners)
 
 
