@@ -91,6 +91,7 @@ class CheckResult:
     wrong: int = 0
     checksum_failures: int = 0
     discarded: int = 0
+    startup_kill: bool = False
     errors: list[str] = field(default_factory=list)
 
 
@@ -112,10 +113,13 @@ def check_pool(config: StoreConfig) -> CheckResult:
                 res.verified += 1
             store.end_load(ticket)
         res.checksum_failures = store.stats().checksum_failures
+    left = sorted(p.name for p in Path(config.l1.path).iterdir())
+    if left:  # the killed writer's L1 must have been reclaimed, ours removed on close
+        res.errors.append(f"files left in the L1 directory: {left}")
     return res
 
 
-def _spawn_writer(config: StoreConfig, seed: int) -> subprocess.Popen[bytes]:
+def _spawn_writer(config: StoreConfig, seed: int, wait: bool = True) -> subprocess.Popen[bytes]:
     spec = json.dumps(
         {
             **{k: v for k, v in asdict(config).items() if k not in ("l1", "l2", "fingerprint")},
@@ -131,6 +135,8 @@ def _spawn_writer(config: StoreConfig, seed: int) -> subprocess.Popen[bytes]:
         stdout=subprocess.PIPE,
     )
     assert proc.stdout is not None
+    if not wait:
+        return proc
     ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
     if not ready or proc.stdout.read(1) != b"r":
         proc.kill()
@@ -138,7 +144,7 @@ def _spawn_writer(config: StoreConfig, seed: int) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _fork_writer(config: StoreConfig, seed: int) -> int:
+def _fork_writer(config: StoreConfig, seed: int, wait: bool = True) -> int:
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: never returns
@@ -150,6 +156,9 @@ def _fork_writer(config: StoreConfig, seed: int) -> int:
             code = 3
         os._exit(code)
     os.close(w)
+    if not wait:
+        os.close(r)
+        return pid
     try:
         ready, _, _ = select.select([r], [], [], READY_TIMEOUT_S)
         if not ready or os.read(r, 1) != b"r":
@@ -161,22 +170,30 @@ def _fork_writer(config: StoreConfig, seed: int) -> int:
     return pid
 
 
+STARTUP_KILLS = 0.2
+"""Share of iterations that kill the writer while it may still be opening the store
+(creating L1, recovering L2) instead of after it reported ready."""
+
+
 def crash_iteration(config: StoreConfig, rng: random.Random, spawn: bool = False) -> CheckResult:
     """Start a writer, SIGKILL it after a random delay, reopen and check."""
     delay = rng.uniform(0.005, 0.25)
+    wait = rng.random() >= STARTUP_KILLS
     if spawn:
-        proc = _spawn_writer(config, rng.randrange(1 << 30))
+        proc = _spawn_writer(config, rng.randrange(1 << 30), wait)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
     else:
-        pid = _fork_writer(config, rng.randrange(1 << 30))
+        pid = _fork_writer(config, rng.randrange(1 << 30), wait)
         time.sleep(delay)
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    return check_pool(config)
+    result = check_pool(config)
+    result.startup_kill = not wait
+    return result
 
 
 def run(iterations: int, root: Path, seed: int = 0, spawn: bool = False) -> list[CheckResult]:
@@ -205,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r for r in results if r.wrong or r.checksum_failures or r.errors]
     total = sum(r.verified for r in results)
     print(
-        f"{len(results)} kill -9 iterations in {time.monotonic() - t0:.1f}s: "
+        f"{len(results)} kill -9 iterations "
+        f"({sum(r.startup_kill for r in results)} during start-up) "
+        f"in {time.monotonic() - t0:.1f}s: "
         f"{total} recovered blocks verified, "
         f"{sum(r.discarded for r in results)} slots discarded at recovery, "
         f"{sum(r.wrong for r in results)} wrong, "
