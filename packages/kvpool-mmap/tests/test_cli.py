@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from conftest import Holder, MakeConfig, block, key
-from kvpool_mmap import TieredStore, __version__
+from kvpool_mmap import StoreConfig, TieredStore, __version__
 
 
 def kvpool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -27,14 +27,22 @@ def test_version() -> None:
     assert out.stdout.strip() == f"kvpool {__version__}"
 
 
+def stopped_and_running(
+    make_config: MakeConfig, holders: list[Holder], blocks: int
+) -> tuple[StoreConfig, Holder]:
+    """A stopped 2-rank pool holding `blocks` blocks, and a 1-rank pool a live process holds."""
+    stopped = make_config(engine_id="stopped", tp_size=2)
+    with TieredStore(stopped) as store:
+        store.put([key(i) for i in range(blocks)], [block(i, tp=2) for i in range(blocks)])
+    running = Holder(make_config(engine_id="running"), "store")
+    holders.append(running)
+    return stopped, running
+
+
 def test_list_shows_owner_fingerprint_size_and_blocks(
     make_config: MakeConfig, holders: list[Holder], tmp_path: Path
 ) -> None:
-    stopped = make_config(engine_id="stopped", tp_size=2)
-    with TieredStore(stopped) as store:
-        store.put([key(i) for i in range(3)], [block(i, tp=2) for i in range(3)])
-    running = Holder(make_config(engine_id="running"), "store")
-    holders.append(running)
+    _, running = stopped_and_running(make_config, holders, 3)
 
     out = kvpool("list", str(tmp_path / "l1"), str(tmp_path / "l2"))
     assert out.returncode == 0, out.stderr
@@ -56,11 +64,7 @@ def test_list_shows_owner_fingerprint_size_and_blocks(
 def test_check_verifies_checksums_and_skips_a_running_pool(
     make_config: MakeConfig, holders: list[Holder], tmp_path: Path
 ) -> None:
-    cfg = make_config(engine_id="stopped", tp_size=2)
-    with TieredStore(cfg) as store:
-        store.put([key(i) for i in range(4)], [block(i, tp=2) for i in range(4)])
-    running = Holder(make_config(engine_id="running"), "store")
-    holders.append(running)
+    cfg, running = stopped_and_running(make_config, holders, 4)
     l2 = str(tmp_path / "l2")
 
     good = kvpool("check", l2)
