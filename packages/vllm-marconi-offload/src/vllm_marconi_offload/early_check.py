@@ -33,7 +33,7 @@ def uses_this_connector(kv_transfer_config: Any) -> bool:
 
 def check_vllm_config(vllm_config: Any) -> None:
     """ConfigError if this connector is selected with a bad `kv_connector_extra_config`."""
-    kv_transfer_config = getattr(vllm_config, "kv_transfer_config", None)
+    kv_transfer_config: Any = getattr(vllm_config, "kv_transfer_config", None)
     if uses_this_connector(kv_transfer_config):
         OffloadConfig.from_extra_config(kv_transfer_config.kv_connector_extra_config)
 
