@@ -123,6 +123,8 @@ def test_l2_hits_after_engine_restart(
         {"model": tiny_llama, "kv_transfer_config": config, "phases": [{"prompts": [PROMPT_A]}]}
     )
     assert first.cached(0) == [0]
+    # L1 is scratch: the engine removed its L1 file and layout note when it exited
+    assert sorted(p.name for p in (tmp_path / "l1").iterdir()) == []
     second = run_engine(
         {"model": tiny_llama, "kv_transfer_config": config, "phases": [{"prompts": [PROMPT_A]}]}
     )
