@@ -191,9 +191,7 @@ def _create_locked(
             reserve(fd, size, path, setting)
             os.pwrite(fd, first_page, 0)
         except BaseException:
-            if same_file(fd, path):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+            _unlink_if_same(path, fd)
             os.close(fd)
             raise
         return fd

@@ -19,7 +19,7 @@ import numpy as np
 
 from ._codec import HEADER_BYTES, L1_MAGIC, L2_MAGIC, Superblock, decode_table
 from ._config import PAGE
-from ._errors import ConfigError, LayoutMismatchError, PoolInUseError
+from ._errors import KvPoolError, LayoutMismatchError, PoolInUseError
 from ._lock import describe_process, holders, lock_or_raise, pid_alive, same_file
 from ._slab import open_pool_file
 
@@ -134,15 +134,22 @@ def remove_stale_l1(directory: Path) -> list[Path]:
 
     L1 files are scratch memory that only their running owner uses; one without a live
     owner (an engine killed, or restarted under another model or layout) only holds
-    tmpfs memory. L2 files are never touched here.
+    tmpfs memory. L2 files are never touched here. Never raises: a file that cannot be
+    examined or removed is left alone.
     """
-    removed = remove_leftovers(directory)
+    try:
+        removed = remove_leftovers(directory)
+    except OSError as exc:
+        log.debug("kvpool: cannot scan %s: %s", directory, exc)
+        return []
     for path in pool_files(directory):
         if not path.name.endswith(".l1"):
             continue
         try:
             remove_if_stale(path, "l1.path", "")
-        except (PoolInUseError, ConfigError, FileNotFoundError):
+        except (KvPoolError, OSError) as exc:  # in use (the usual case), or not ours to remove
+            if not isinstance(exc, PoolInUseError | FileNotFoundError):
+                log.debug("kvpool: left %s alone: %s", path, exc)
             continue
         removed.append(path)
     return removed
