@@ -17,7 +17,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from . import compat
-from .config import OffloadConfig
+from .config import OffloadConfig, user_keys
 from .cost import LoadCostModel
 from .keys import restart_hash_problem
 from .layout import SlotLayout
@@ -62,7 +62,8 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
         self._hit_lines_logged = 0
         self._store: TieredStore | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._store = TieredStore(adopt_physical_layout(store_config), create_l1=False)
+            with user_keys():
+                self._store = TieredStore(adopt_physical_layout(store_config), create_l1=False)
             if store_config.l2 is not None:
                 logger.info(recovery_line(self._store.recovery, store_config.l2.path))
             if self._config.cpu_pool_path is None:
