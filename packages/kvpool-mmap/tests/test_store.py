@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MakeConfig, block, key
+from conftest import MakeConfig, block, hold_l2_writes, key
 from kvpool_mmap import (
     LoadStatus,
     PoolInUseError,
@@ -328,12 +328,18 @@ def test_cancelled_load_releases_everything(
     assert_blocks(s, [0, 1, 2, 3])
 
 
+@pytest.mark.parametrize("overflow", ["drop_unwritten", "demote"])
 @pytest.mark.parametrize("seed", range(12))
 def test_randomised_workload_keeps_invariants(
-    make_config: MakeConfig, store_factory: Factory, monkeypatch: pytest.MonkeyPatch, seed: int
+    make_config: MakeConfig,
+    store_factory: Factory,
+    monkeypatch: pytest.MonkeyPatch,
+    seed: int,
+    overflow: str,
 ) -> None:
     """Random stores, loads held open, waited for or cancelled, on small tiers, with every
-    L2 transfer delayed by a random 0-2 ms so that completions interleave differently."""
+    L2 transfer delayed by a random 0-2 ms so that completions interleave differently,
+    under both answers to a full L1 (`l1_overflow`)."""
     delays = random.Random(seed)
     write, read = BlockMover.write_block, BlockMover.read_block
 
@@ -354,6 +360,8 @@ def test_randomised_workload_keeps_invariants(
         tp_size=2,
         write_through_queue=int(rng.integers(1, 6)),
         io_threads=int(rng.integers(1, 4)),
+        max_inflight_io=int(rng.integers(1, 4)),
+        l1_overflow=overflow,
     )
     s = store_factory(cfg)
     open_loads = []
@@ -493,14 +501,7 @@ def l1_full_of_hanging_writes(
     s = store_factory(make_config(l1_slots=4, l2_slots=32, io_threads=1))
     put_chain(s, [0, 1, 2, 3])
     settle(s)
-    gate = threading.Event()
-    write = BlockMover.write_block
-
-    def gated(self: BlockMover, *args: object) -> list[int]:
-        gate.wait(10)
-        return write(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(BlockMover, "write_block", gated)
+    gate = hold_l2_writes(monkeypatch)
     assert put_chain(s, [4, 5, 6, 7]) == 4
     return s, gate
 
