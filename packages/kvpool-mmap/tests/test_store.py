@@ -440,17 +440,22 @@ def test_check_l2_reports_without_fixing(make_config: MakeConfig) -> None:
 
 
 def test_load_during_demotion_reads_the_right_bytes(
-    make_config: MakeConfig, store_factory: Factory
+    make_config: MakeConfig, store_factory: Factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Hazard H7: a block demoted and loaded in the same step must never be read from an
     L2 slot whose write has not completed. Here the load is served from the L1 copy,
-    which stays pinned until end_load even though its demotion finishes meanwhile."""
-    s = store_factory(make_config(l1_slots=2, l2_slots=8, write_through=False, io_threads=1))
+    which stays pinned until end_load even though its demotion finishes meanwhile. The
+    demotions are held until the load has begun (else a fast disk may finish them first)."""
+    s = store_factory(
+        make_config(l1_slots=2, l2_slots=8, write_through=False, io_threads=1, l1_overflow="demote")
+    )
     put_chain(s, [0, 1])
+    demotions = hold_l2_writes(monkeypatch)
     t = s.begin_store([key(5), key(6)])  # evicts 0 and 1: demotions start, no slot yet
     assert t.l1_slots == [None, None]
-    load = s.begin_load([key(0), key(1)])  # right away, same "step"
+    load = s.begin_load([key(0), key(1)])  # same "step": the demotions are still running
     assert load.tiers == [Tier.L1, Tier.L1]
+    demotions.set()
     settle(s)  # demotions land; the pinned L1 copies must survive
     for i, slot in zip((0, 1), load.l1_slots, strict=True):
         np.testing.assert_array_equal(s.l1_files[0].array[slot], block(i)[0])
