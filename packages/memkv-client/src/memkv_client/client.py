@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from . import protocol as p
 from .auth import Signer, dev_key
 from .buffers import BufferOrAddress, as_key, as_view
-from .config import Config, Transport, is_loopback, load_config, parse_address
+from .config import Config, Transport, load_config
 from .errors import (
     ConfigError,
     LocalProtocolError,
@@ -35,6 +35,7 @@ from .protocol import Status
 from .results import ItemResult, ResultKind, result_from_status
 from .routing import Router
 from .session import TcpSession
+from .sockio import is_loopback, parse_address
 
 __all__ = ["Client"]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,8 +18,9 @@ from typing import Any
 
 from .auth import parse_key
 from .errors import ConfigError
+from .sockio import parse_address
 
-__all__ = ["Config", "Transport", "load_config", "parse_address"]
+__all__ = ["Config", "Transport", "load_config"]
 
 
 class Transport(enum.Enum):
@@ -100,31 +100,6 @@ _MTUS = (256, 512, 1024, 2048, 4096)
 def env_name(name: str) -> str:
     """The environment variable that sets ``name``."""
     return _ENV_NAMES.get(name, "MEMKV_" + name.upper())
-
-
-def parse_address(text: str, allow_port_zero: bool = False) -> tuple[str, int]:
-    """Split ``host:port`` (IPv6 as ``[addr]:port``); raises ValueError."""
-    host, sep, port_s = text.strip().rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{text!r} is not host:port")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        port = int(port_s)
-    except ValueError:
-        raise ValueError(f"{text!r}: port {port_s!r} is not a number") from None
-    if not (0 if allow_port_zero else 1) <= port < 65536:
-        raise ValueError(f"{text!r}: port {port} out of range 1..65535")
-    return host, port
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from . import protocol as p
 from .auth import Signer
-from .config import Config, parse_address
+from .config import Config
 from .errors import (
     MemKVError,
     MemKVTimeout,
@@ -28,93 +28,9 @@ from .errors import (
     error_from_status,
 )
 from .protocol import Op, ServerInfo, Status
+from .sockio import parse_address, recv_exact, recv_views_into, send_views
 
-__all__ = ["TcpSession", "recv_exact_into", "recv_views_into", "send_views"]
-
-_IOV_MAX = 128  # buffers per recvmsg_into call (Linux allows 1024)
-_LOWAT_MAX = 1 << 20  # largest SO_RCVLOWAT recv_views_into sets
-_LOWAT_MIN = 128 << 10  # below this it leaves the mark at 1
-
-
-def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` completely from ``sock``; EOF raises :class:`TransportError`."""
-    got, n = 0, len(view)
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise TransportError("connection closed by peer mid-frame")
-        got += k
-
-
-def recv_views_into(
-    sock: socket.socket, views: Sequence[memoryview], *, batch_wakeups: bool = False
-) -> None:
-    """Fill every view in order, as many per syscall as the socket has data for.
-
-    One ``recvmsg_into`` scatters the stream over up to ``_IOV_MAX`` views, so a value
-    held in many blocks (or several values of one reply) costs a few large copies
-    instead of one syscall per block. EOF raises :class:`TransportError`.
-
-    ``batch_wakeups`` (for large values): raise ``SO_RCVLOWAT`` so a call returns once
-    about ``_LOWAT_MAX`` bytes are there instead of as soon as any are; that cut the
-    server's CPU per byte on 16 MiB puts by about a quarter (and the client's on gets
-    by about 15%). The mark is at most half of the bytes still to
-    come for these views, so the data that wakes the reader is always on its way: a
-    blocking reader that copied part of what it waits for still sees the mark reached
-    by the rest. It is reset to 1 before returning.
-    """
-    pending = [v for v in views if len(v)]
-    if not pending:
-        return
-    remaining = sum(len(v) for v in pending)
-    i, last = 0, len(pending) - 1
-    first = pending[0]
-    lowat = 1
-    try:
-        while True:
-            if batch_wakeups:
-                want = min(_LOWAT_MAX, remaining // 2)
-                want = want if want >= _LOWAT_MIN else 1
-                if want != lowat:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-                    lowat = want
-            got = sock.recvmsg_into([first, *pending[i + 1 : i + _IOV_MAX]])[0]
-            if got == 0:
-                raise TransportError("connection closed by peer mid-frame")
-            remaining -= got
-            while got >= len(first):
-                if i == last:
-                    return
-                got -= len(first)
-                i += 1
-                first = pending[i]
-            first = first[got:]
-    finally:
-        if lowat != 1:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
-
-
-def recv_exact(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    if n:
-        recv_exact_into(sock, memoryview(buf))
-    return buf
-
-
-def send_views(sock: socket.socket, head: bytes, views: Sequence[memoryview]) -> None:
-    """Send the frame prefix then every bulk view (no joining, no copies of bulk data)."""
-    if not views:
-        sock.sendall(head)
-        return
-    first = views[0]
-    if len(first) <= 65536:  # small values ride with the header in one syscall
-        sock.sendall(head + first)
-    else:
-        sock.sendall(head)
-        sock.sendall(first)
-    for v in views[1:]:
-        sock.sendall(v)
+__all__ = ["TcpSession"]
 
 
 class TcpSession:

@@ -9,9 +9,9 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
-from ..auth import ReplayGuard, Signer, dev_key
-from ..config import is_loopback, load_config, parse_address
-from ..errors import ConfigError
+from ..auth import ReplayGuard, Signer
+from ..sockio import parse_address
+from .keys import server_key
 from .net import MemKVServer
 from .spill import SpillDir
 from .storage import Store
@@ -74,11 +74,7 @@ def serve(args: argparse.Namespace) -> int:
             raise ValueError("--replay-window-ms must be positive")
         if args.exists_lease_ms < 0:
             raise ValueError("--exists-lease-ms must be >= 0")
-        key = load_config().auth_key
-        if key is None:
-            if not is_loopback(host):
-                raise ValueError("MEMKV_AUTH_KEY is required to listen on a non-loopback address")
-            key = dev_key()
+        key = server_key(host)
         spill = SpillDir(args.dir, spill_cap) if args.dir else None
         store = Store(
             memory,
@@ -87,13 +83,13 @@ def serve(args: argparse.Namespace) -> int:
             prefault=not args.no_prefault,
             lease_s=args.exists_lease_ms / 1000,
         )
-    except (ValueError, ConfigError, OSError) as exc:
+    except (ValueError, OSError) as exc:
         print(f"memkv serve: {exc}", file=sys.stderr)
         return 2
     responder, rdma_note = None, "rdma=on"
     if args.rdma != "off":
-        from ..rdma import RdmaResponder
         from ..verbs import open_verbs_backend
+        from .rdma import RdmaResponder
 
         devices = [d for d in args.rdma_devices.split(",") if d]
         backend, reason = open_verbs_backend(devices)

@@ -24,7 +24,7 @@ from .._version import __version__
 from ..auth import ReplayGuard, Signer
 from ..errors import TransportError
 from ..protocol import FrameError, Header, Op, Status
-from ..session import recv_exact, recv_exact_into, recv_views_into, send_views
+from ..sockio import recv_exact, recv_exact_into, recv_views_into, send_views
 from .storage import Entry, Store
 
 __all__ = ["MemKVServer"]
@@ -58,7 +58,7 @@ class MemKVServer:
         self.signer = signer
         self.guard = guard or ReplayGuard()
         self.max_batch_items = max_batch_items
-        self.rdma = rdma  # a server-side RDMA responder (see memkv_client.rdma), or None
+        self.rdma = rdma  # a server-side RDMA responder (see .rdma), or None
         self.server_id = f"memkv-{os.getpid()}-{int(time.time())}"
         self._sock: socket.socket | None = None
         self._stopping = threading.Event()
@@ -399,7 +399,7 @@ class _Connection:
         if sent != e.length:
             raise TransportError("spill file shorter than its value")
 
-    # --- RDMA control (bulk moves by one-sided verbs; see memkv_client.rdma) ---------
+    # --- RDMA control (bulk moves by one-sided verbs; see .rdma) ---------
 
     def _require_rdma(self) -> Any:
         if self.server.rdma is None:
