@@ -386,7 +386,7 @@ def test_xfer_write_pieces_make_one_value_and_reads_take_ranges(
         )
         assert past.kind is ResultKind.MISS
         assert "700000 bytes" in past.cause
-        assert absent == (ResultKind.MISS, "not found")
+        assert (absent.kind, absent.cause) == (ResultKind.MISS, "not found")
 
 
 def test_xfer_small_and_spilled_values(fabric: Fabric, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from . import protocol as p
 from .auth import Signer, dev_key
-from .buffers import BufferOrAddress, as_key, as_view
+from .buffers import BufferOrAddress, as_key, as_tuples, as_view, check_count
 from .config import Config, Transport, load_config
 from .errors import (
     ConfigError,
@@ -250,7 +250,7 @@ class Client:
     def exists(self, keys: Iterable[bytes | str]) -> list[bool]:
         """Which keys are present, in input order. Keys on unreachable servers read False."""
         self._check_open()
-        kb = [as_key(k) for k in keys]
+        kb = _as_keys(keys, "exists")
         out = [False] * len(kb)
         tasks: list[Callable[[], tuple[list[int], list[bool] | MemKVError, str]]] = []
         for server, positions in self._router.group(kb).items():
@@ -283,7 +283,7 @@ class Client:
         """Ask one server directly (bypasses HRW); raises on any error."""
         self._check_open()
         pool = self._pools[self._server_index(server)]
-        kb = [as_key(k) for k in keys]
+        kb = _as_keys(keys, "exists_on")
         out: list[bool] = []
         for start in range(0, len(kb), self.config.max_batch_size):
             part = kb[start : start + self.config.max_batch_size]
@@ -302,9 +302,9 @@ class Client:
         """
         keys: list[bytes] = []
         views: list[memoryview] = []
-        for key, buf, length in items:
+        for key, buf, length in as_tuples(items, 3, "(key, buffer_or_address, length)", "put"):
             k = as_key(key)
-            self._check_value_len(length, k)
+            self._check_value_len(check_count("length", length, f"key {k[:40]!r}"), k)
             keys.append(k)
             views.append(as_view(buf, length, writable=False))
 
@@ -322,7 +322,7 @@ class Client:
         """
         keys: list[bytes] = []
         views: list[memoryview] = []
-        for key, buf, length in items:
+        for key, buf, length in as_tuples(items, 3, "(key, buffer_or_address, length)", "get"):
             k = as_key(key)
             keys.append(k)
             views.append(as_view(buf, length, writable=True))
@@ -353,13 +353,11 @@ class Client:
         """
         keys: list[bytes] = []
         wire: list[tuple[bytes, int, int, int]] = []
-        for key, addr, length, offset in items:
+        shape = "(key, address, length, value_offset)"
+        for key, addr, length, offset in as_tuples(items, 4, shape, "batch_xfer"):
             k = as_key(key)
             for name, v in (("address", addr), ("length", length), ("value_offset", offset)):
-                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                    raise LocalProtocolError(
-                        f"batch_xfer: invalid {name} {v!r} for key {k[:40]!r}: use an int >= 0"
-                    )
+                check_count(name, v, f"batch_xfer: key {k[:40]!r}")
             self._check_value_len(offset + length, k)
             keys.append(k)
             wire.append((k, addr, length, offset))
@@ -459,11 +457,20 @@ class Client:
 
     def register_region(self, addr: int, length: int) -> None:
         """Declare host memory that will be used as a source/target (RDMA registers it)."""
+        check_count("address", addr, "register_region")
+        check_count("length", length, "register_region")
         if self._rdma is not None:
             self._rdma.register_region(addr, length)
 
-    def deregister_region(self, addr: int) -> None:
-        """Forget a region registered with :meth:`register_region`; call before freeing it."""
+    def deregister_region(self, addr: int, length: int | None = None) -> None:
+        """Forget a region registered with :meth:`register_region`; call before freeing it.
+
+        ``length`` is accepted for the vendor's ``deregister_region(addr, length)`` form;
+        the region is identified by ``addr``.
+        """
+        check_count("address", addr, "deregister_region")
+        if length is not None:
+            check_count("length", length, "deregister_region")
         if self._rdma is not None:
             self._rdma.deregister_region(addr)
 
@@ -502,3 +509,12 @@ class Client:
         if name in Status.__members__:
             status = Status[name]
         raise error_from_status(status, r.cause)
+
+
+def _as_keys(keys: Iterable[bytes | str], where: str) -> list[bytes]:
+    if isinstance(keys, bytes | str):
+        raise LocalProtocolError(f"{where}: pass a list of keys, not one key {keys[:40]!r}")
+    try:
+        return [as_key(k) for k in keys]
+    except TypeError:
+        raise LocalProtocolError(f"{where}: pass an iterable of keys (bytes or str)") from None
