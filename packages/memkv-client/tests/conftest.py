@@ -114,10 +114,11 @@ def make_client(*servers: str, **overrides: object) -> Client:
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for name in list(os.environ):
         if name.startswith("MEMKV_"):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("MEMKV_AUTH_KEY_FILE", str(tmp_path / "auth.key"))  # not the user's
 
 
 @pytest.fixture(scope="module")

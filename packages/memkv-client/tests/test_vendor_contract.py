@@ -90,11 +90,8 @@ def test_results_keep_the_detail_and_compare_as_flags(client: Client) -> None:
     (short,) = client.batch_get_into([("vendor/x", buf, 4)])
     assert (ok == True, ok.kind, ok.ok) == (True, ResultKind.OK, True)  # noqa: E712
     assert (miss == False, miss.kind) == (True, ResultKind.MISS)  # noqa: E712
-    assert (short == False, short.kind, short.cause) == (
-        True,
-        ResultKind.MISS,
-        "stored value has 8 bytes",
-    )  # noqa: E712
+    stored_8 = "stored value has 8 bytes"
+    assert (short == False, short.kind, short.cause) == (True, ResultKind.MISS, stored_8)  # noqa: E712
     assert [bool(r) for r in (ok, miss, short)] == [True, False, False]
 
 

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from . import protocol as p
-from .auth import Signer, dev_key
+from .auth import Signer, user_key, user_key_path
 from .buffers import BufferOrAddress, as_key, as_tuples, as_view, check_count
 from .config import Config, Transport, load_config
 from .errors import (
@@ -79,7 +79,12 @@ class Client:
                 raise ConfigError(
                     "auth_key", "required when any server is not on loopback (MEMKV_AUTH_KEY)"
                 )
-            key = dev_key()
+            try:
+                key = user_key(user_key_path())
+            except (OSError, ValueError) as exc:
+                raise ConfigError(
+                    "auth_key", f"no key configured and the user key: {exc}"
+                ) from None
         self._signer = Signer(key)
         self._router = Router(config.servers)
         self._no_rdma = "transport=tcp"  # why there is no RDMA engine (for batch_xfer)

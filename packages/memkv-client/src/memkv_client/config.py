@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .auth import parse_key
+from .auth import check_key, parse_key
 from .errors import ConfigError
 from .sockio import parse_address
 
@@ -61,7 +61,8 @@ class Config:
     license: str | None = None
     """Ignored: the open client has no licence check."""
     auth_key: bytes | None = field(default=None, repr=False)
-    """32-byte shared HMAC key (64 hex digits). ``None`` uses the dev key on loopback."""
+    """32-byte shared HMAC key (64 hex digits, not all zero). ``None``: on loopback, the
+    per-user key file (``MEMKV_AUTH_KEY_FILE``, default ``~/.config/memkv/auth.key``)."""
     transport: Transport = Transport.AUTO
     max_batch_size: int = 64
     """Items per request; larger batches are split and sent concurrently."""
@@ -144,8 +145,8 @@ def _convert(name: str, value: Any) -> Any:
     if name == "auth_key":
         if value is None:
             return None
-        if isinstance(value, bytes) and len(value) == 32:
-            return value
+        if isinstance(value, bytes):
+            return check_key(value)
         return parse_key(str(value))
     if name == "license":
         return None if value is None else str(value)

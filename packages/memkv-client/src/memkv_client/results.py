@@ -68,5 +68,6 @@ _HINTS: dict[int, str] = {
     Status.VALUE_TOO_LARGE: "value exceeds the server's per-value limit (memory / lanes)",
     Status.NO_SPACE: "server could not free memory in time (values pinned by readers)",
     Status.TRANSFER_FAILED: "RDMA transfer failed",
+    Status.BAD_MAC: "value bytes do not match their digest (corrupted or altered in transit)",
     Status.UNSUPPORTED: "the server does not implement this operation (upgrade it)",
 }

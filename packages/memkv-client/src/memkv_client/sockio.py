@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
+import time
 from collections.abc import Sequence
 
 from .errors import TransportError
 
 __all__ = [
+    "arm",
     "is_loopback",
     "parse_address",
     "recv_exact",
@@ -50,10 +52,23 @@ _LOWAT_MAX = 1 << 20  # largest SO_RCVLOWAT recv_views_into sets
 _LOWAT_MIN = 128 << 10  # below this it leaves the mark at 1
 
 
-def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` completely from ``sock``; EOF raises :class:`TransportError`."""
+def arm(sock: socket.socket, deadline: float | None) -> None:
+    """Make the next blocking call on ``sock`` time out at ``deadline`` (monotonic
+    seconds; None leaves the timeout alone). Raises TimeoutError if it has passed."""
+    if deadline is None:
+        return
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline passed")
+    sock.settimeout(left)
+
+
+def recv_exact_into(sock: socket.socket, view: memoryview, deadline: float | None = None) -> None:
+    """Fill ``view`` completely from ``sock`` by ``deadline``; EOF raises
+    :class:`TransportError`, a passed deadline TimeoutError."""
     got, n = 0, len(view)
     while got < n:
+        arm(sock, deadline)
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
             raise TransportError("connection closed by peer mid-frame")
@@ -61,9 +76,14 @@ def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
 
 
 def recv_views_into(
-    sock: socket.socket, views: Sequence[memoryview], *, batch_wakeups: bool = False
+    sock: socket.socket,
+    views: Sequence[memoryview],
+    *,
+    batch_wakeups: bool = False,
+    deadline: float | None = None,
 ) -> None:
-    """Fill every view in order, as many per syscall as the socket has data for.
+    """Fill every view in order, as many per syscall as the socket has data for, by
+    ``deadline`` (monotonic seconds) if one is given.
 
     One ``recvmsg_into`` scatters the stream over up to ``_IOV_MAX`` views, so a value
     held in many blocks (or several values of one reply) costs a few large copies
@@ -92,6 +112,7 @@ def recv_views_into(
                 if want != lowat:
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
                     lowat = want
+            arm(sock, deadline)
             got = sock.recvmsg_into([first, *pending[i + 1 : i + _IOV_MAX]])[0]
             if got == 0:
                 raise TransportError("connection closed by peer mid-frame")
@@ -109,23 +130,30 @@ def recv_views_into(
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytearray:
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytearray:
     buf = bytearray(n)
     if n:
-        recv_exact_into(sock, memoryview(buf))
+        recv_exact_into(sock, memoryview(buf), deadline)
     return buf
 
 
-def send_views(sock: socket.socket, head: bytes, views: Sequence[memoryview]) -> None:
-    """Send the frame prefix then every bulk view (no joining, no copies of bulk data)."""
-    if not views:
-        sock.sendall(head)
-        return
-    first = views[0]
+def send_views(
+    sock: socket.socket,
+    head: bytes,
+    views: Sequence[memoryview],
+    deadline: float | None = None,
+) -> None:
+    """Send the frame prefix then every bulk view (no joining, no copies of bulk data),
+    all of it by ``deadline`` (monotonic seconds) if one is given."""
+    first = views[0] if views else memoryview(b"")
     if len(first) <= 65536:  # small values ride with the header in one syscall
+        arm(sock, deadline)
         sock.sendall(head + first)
     else:
+        arm(sock, deadline)
         sock.sendall(head)
+        arm(sock, deadline)
         sock.sendall(first)
     for v in views[1:]:
+        arm(sock, deadline)
         sock.sendall(v)

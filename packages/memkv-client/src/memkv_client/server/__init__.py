@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
-from ..auth import ReplayGuard, Signer
+from ..auth import ClockWindow, Signer
 from ..sockio import parse_address
 from .keys import server_key
 from .net import MemKVServer
@@ -46,7 +46,30 @@ def add_serve_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--lanes", type=int, default=4, help="capacity lanes (key namespaces)")
     ap.add_argument("--dir", default=None, help="spill evicted values to this directory")
     ap.add_argument("--dir-capacity", default=None, help="spill size limit (default 4x memory)")
-    ap.add_argument("--replay-window-ms", type=int, default=30000, help="timestamp window")
+    ap.add_argument(
+        "--replay-window-ms",
+        type=int,
+        default=30000,
+        help="refuse requests whose timestamp is further than this from the server clock",
+    )
+    ap.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="connections served at once (default: ulimit -n minus 64, at most 4096)",
+    )
+    ap.add_argument(
+        "--frame-timeout-s",
+        type=float,
+        default=10.0,
+        help="a frame must arrive (and a reply leave) within this, plus 1 s per 8 MiB",
+    )
+    ap.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=300.0,
+        help="close connections idle this long",
+    )
     ap.add_argument(
         "--exists-lease-ms",
         type=int,
@@ -74,7 +97,13 @@ def serve(args: argparse.Namespace) -> int:
             raise ValueError("--replay-window-ms must be positive")
         if args.exists_lease_ms < 0:
             raise ValueError("--exists-lease-ms must be >= 0")
-        key = server_key(host)
+        if args.max_connections is not None and args.max_connections < 1:
+            raise ValueError(f"--max-connections {args.max_connections}: must be >= 1")
+        for flag, value in (("--frame-timeout-s", args.frame_timeout_s),
+                            ("--idle-timeout-s", args.idle_timeout_s)):  # fmt: skip
+            if not value > 0:
+                raise ValueError(f"{flag} {value}: must be > 0")
+        key, key_source = server_key(host)
         spill = SpillDir(args.dir, spill_cap) if args.dir else None
         store = Store(
             memory,
@@ -105,8 +134,11 @@ def serve(args: argparse.Namespace) -> int:
         host,
         port,
         Signer(key),
-        ReplayGuard(args.replay_window_ms * 1_000_000),
+        ClockWindow(args.replay_window_ms * 1_000_000),
         rdma=responder,
+        max_connections=args.max_connections,
+        frame_timeout=args.frame_timeout_s,
+        idle_timeout=args.idle_timeout_s,
     )
     try:
         server.start()
@@ -122,7 +154,7 @@ def serve(args: argparse.Namespace) -> int:
     print(
         f"memkv: listening on {server.address} memory={store.capacity} lanes={args.lanes}"
         + (f" dir={args.dir}" if args.dir else "")
-        + f" {rdma_note}",
+        + f" {rdma_note} key={key_source} max_connections={server.max_connections}",
         flush=True,
     )
     server.serve_forever()

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..auth import value_digest
 from ..protocol import Status
 from .spill import SpillDir
 
@@ -106,6 +107,7 @@ class Entry:
     linked: bool = True  # still reachable from the index
     freed: bool = False
     lease_until: float = 0.0  # eviction passes over it until then (monotonic seconds)
+    digest: bytes = b""  # SHA-256 of the value, sent with it on GET
 
 
 @dataclass(eq=False)
@@ -304,9 +306,14 @@ class Store:
         _, victim = lru.popitem(last=False)
         return victim
 
-    def commit(self, res: Reservation) -> None:
-        """Publish a filled reservation, replacing any previous value of the key."""
+    def commit(self, res: Reservation, digest: bytes | None = None) -> None:
+        """Publish a filled reservation, replacing any previous value of the key.
+
+        ``digest`` is the value's SHA-256 if the caller has checked it already; otherwise
+        it is computed here.
+        """
         e = res.entry
+        e.digest = value_digest(res.views) if digest is None else digest
         with self._lock:
             self._spilling.pop(e.key, None)  # a spill in flight is now stale
             old = self._index.get(e.key)
@@ -379,7 +386,7 @@ class Store:
                 if current:
                     del self._spilling[v.key]
                 if path is not None and current and v.key not in self._index:
-                    d = Entry(v.key, v.lane, v.length, 0, path=path)
+                    d = Entry(v.key, v.lane, v.length, 0, path=path, digest=v.digest)
                     self._index[v.key] = d
                     self._disk[v.key] = d
                     self.lanes[v.lane].spills += 1
