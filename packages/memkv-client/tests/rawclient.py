@@ -38,9 +38,13 @@ def read_frame(sock: socket.socket) -> p.Frame | None:
 class RawSession:
     """A HELLO'd connection: ``request`` signs with the session key and the next id."""
 
-    def __init__(self, port: int, key: bytes, timeout: float = 10.0) -> None:
+    def __init__(self, port: int, key: bytes, timeout: float = 10.0, rcvbuf: int = 0) -> None:
         self.key = Signer(key)
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.sock = socket.socket()
+        if rcvbuf:  # before connecting, so the window never grows past it
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(timeout)
+        self.sock.connect(("127.0.0.1", port))
         nonce = secrets.token_bytes(p.NONCE_SIZE)
         self.rid = secrets.randbits(31)
         self.sock.sendall(frame(self.key, p.Op.HELLO, p.encode_hello(nonce), self.rid))
