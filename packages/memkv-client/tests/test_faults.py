@@ -360,3 +360,30 @@ def test_reset_between_connect_and_hello_is_a_transport_result(
         (r,) = c.batch_put_views([("rst/x", b"v", 1)])
         assert r.kind is ResultKind.TRANSPORT
         assert address in r.cause
+
+
+def test_a_hung_member_costs_one_request_timeout_then_fails_fast(
+    fresh_server: ServerProcess,
+) -> None:
+    """A SIGSTOPped member of two: the first batch waits one request timeout (default
+    5 s) for its items, later batches fail them at once; the live member's items succeed."""
+    live = ServerProcess("--memory", "64MiB").start()
+    try:
+        with make_client(fresh_server.address, live.address, request_timeout_ms=None) as c:
+            keys = [f"hung/{i}" for i in range(32)]
+            assert c.exists(keys) == [False] * 32  # connections to both are pooled
+            fresh_server.freeze()
+            try:
+                elapsed = []
+                for _ in range(3):
+                    t0 = time.monotonic()
+                    results = c.batch_put_views([(k, b"v", 1) for k in keys])
+                    elapsed.append(time.monotonic() - t0)
+                kinds = {r.kind for r in results}
+                assert kinds == {ResultKind.OK, ResultKind.TRANSPORT}
+            finally:
+                fresh_server.thaw()
+        assert elapsed[0] < 8, elapsed
+        assert max(elapsed[1:]) < 1, elapsed
+    finally:
+        live.stop()

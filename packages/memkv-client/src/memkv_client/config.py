@@ -46,8 +46,9 @@ class Config:
     """Accepted for compatibility; this client keeps no local value cache."""
     connect_timeout_ms: int = 5000
     """Deadline for TCP connect plus the HELLO exchange."""
-    request_timeout_ms: int = 30000
-    """Deadline for any single socket operation during a request."""
+    request_timeout_ms: int = 5000
+    """Deadline for any single socket wait during a request (sends get this plus 1 s per
+    16 MiB); after a timeout the server is skipped (fail fast) for this long."""
     gid_index: int = 0
     traffic_class: int = 0
     service_level: int = 0

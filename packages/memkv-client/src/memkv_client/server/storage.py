@@ -1,8 +1,8 @@
 """Server storage: a preallocated block arena, lanes with LRU eviction, pinned reads.
 
 Values of more than ``SMALL_MAX`` bytes live in fixed-size blocks of one anonymous mmap
-allocated (and pre-faulted) at start, so receiving a value never page-faults fresh
-memory. Smaller values are plain ``bytearray`` objects. Both count against capacity.
+allocated at start and pre-faulted in the background, so receiving a value rarely
+page-faults fresh memory. Smaller values are plain ``bytearray`` objects. Both count against capacity.
 
 **Lanes.** A key's namespace is its prefix before the first ``/`` (the whole key has
 namespace ``b""`` if it holds no ``/``); the namespace hashes (CRC-32) onto one of
@@ -47,6 +47,9 @@ __all__ = ["BLOCK_SIZE", "LEASE_SKIPS", "Entry", "Reservation", "Store", "namesp
 BLOCK_SIZE = 256 << 10
 SMALL_MAX = 64 << 10
 LEASE_SKIPS = 64  # leased values passed over per eviction before one lease is broken
+_MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
+_PREFAULT_CHUNK = 64 << 20
 
 
 def namespace_of(key: bytes) -> bytes:
@@ -56,19 +59,40 @@ def namespace_of(key: bytes) -> bytes:
 
 
 class Arena:
-    """Fixed-size blocks carved from one pre-faulted anonymous mapping (not thread-safe)."""
+    """Fixed-size blocks carved from one anonymous mapping (not thread-safe).
+
+    With ``prefault``, a background thread faults the mapping in (``MADV_POPULATE_WRITE``,
+    which leaves contents alone, so blocks may be in use meanwhile) and the server
+    listens at once; where the kernel lacks it, pages fault in on first use.
+    """
 
     def __init__(self, nblocks: int, prefault: bool = True) -> None:
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-        if prefault and hasattr(mmap, "MAP_POPULATE"):
-            flags |= mmap.MAP_POPULATE
         self.nblocks = nblocks
-        self._map = mmap.mmap(-1, max(1, nblocks) * BLOCK_SIZE, flags=flags)
+        self._map = mmap.mmap(-1, max(1, nblocks) * BLOCK_SIZE, flags=_MAP_FLAGS)
         self.view = memoryview(self._map)
         anchor = ctypes.c_char.from_buffer(self._map)
         self.base = ctypes.addressof(anchor)  # for registering the arena with RDMA
         del anchor
         self._free = list(range(nblocks - 1, -1, -1))
+        self.prefaulted = 0  # bytes faulted in so far by the background thread
+        self._closing = threading.Event()
+        self._prefaulter: threading.Thread | None = None
+        if prefault:
+            self._prefaulter = threading.Thread(
+                target=self._prefault, name="memkv-prefault", daemon=True
+            )
+            self._prefaulter.start()
+
+    def _prefault(self) -> None:
+        size = len(self._map)
+        for start in range(0, size, _PREFAULT_CHUNK):
+            if self._closing.is_set():
+                return
+            try:
+                self._map.madvise(_MADV_POPULATE_WRITE, start, min(_PREFAULT_CHUNK, size - start))
+            except OSError:
+                return  # an older kernel: pages fault in on first use instead
+            self.prefaulted = min(size, start + _PREFAULT_CHUNK)
 
     @property
     def free_blocks(self) -> int:
@@ -88,6 +112,9 @@ class Arena:
         return self.view[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]
 
     def close(self) -> None:
+        self._closing.set()
+        if self._prefaulter is not None:
+            self._prefaulter.join()
         self.view.release()
         self._map.close()
 
@@ -421,6 +448,7 @@ class Store:
                 "max_value": self.max_value,
                 "block_size": BLOCK_SIZE,
                 "free_blocks": self.arena.free_blocks,
+                "prefaulted": self.arena.prefaulted,
                 "counters": dict(self.counters),
                 "spill": None
                 if self.spill is None
