@@ -181,6 +181,10 @@ def test_exists_never_blocks_on_eviction(tmp_path: Path) -> None:
     assert spill.entered.wait(30)  # the writer is now stuck spilling "a"
     assert store.exists([b"b", b"zz"]) == [True, False]  # returns while the spill is stuck
     assert store.size(b"b") == MB
+    # "a", the value being spilled, is no false miss meanwhile
+    assert store.exists([b"a"]) == [True]
+    assert store.size(b"a") == MB
+    assert read(store, b"a") == b"a" * MB
     assert writer.is_alive()
     spill.release.set()
     writer.join(30)
@@ -299,3 +303,18 @@ def test_tiny_and_empty_values_are_charged() -> None:
     assert st["lanes"][0]["evictions"] > 0
     resident = (store.arena.nblocks - st["lent_blocks"]) * BLOCK_SIZE + st["outside_arena"]
     assert resident <= st["capacity"]
+
+
+def test_spill_dir_touches_only_its_own_files(tmp_path: Path) -> None:
+    (tmp_path / "holiday-video.mkv").write_bytes(b"precious")
+    with pytest.raises(ValueError, match="not a MemKV spill directory"):
+        SpillDir(tmp_path, MB)
+    assert (tmp_path / "holiday-video.mkv").read_bytes() == b"precious"
+    own = tmp_path / "spill"
+    spill = SpillDir(own, MB)  # created and claimed with a marker
+    (own / "holiday-video.mkv").write_bytes(b"precious")  # dropped in later
+    spill.write([memoryview(b"v")], 1)
+    spill.close()
+    assert sorted(f.name for f in own.iterdir()) == [".memkv-spill", "holiday-video.mkv"]
+    SpillDir(own, MB).close()  # a claimed directory is reused
+    assert (own / "holiday-video.mkv").read_bytes() == b"precious"

@@ -251,12 +251,12 @@ class Store:
                     self._touch(e)
                     if until > e.lease_until:
                         e.lease_until = until
-                out.append(e is not None)
+                out.append(e is not None or k in self._spilling)
         return out
 
     def size(self, key: bytes) -> int | None:
         with self._lock:
-            e = self._index.get(key)
+            e = self._index.get(key) or self._spilling.get(key)
             return None if e is None else e.length
 
     def pin(self, key: bytes) -> Entry | None:
@@ -265,11 +265,14 @@ class Store:
             e = self._index.get(key)
             lane = self.lanes[self.lane_of(key)]
             if e is None:
-                lane.misses += 1
-                return None
+                e = self._spilling.get(key)  # being written out: still in memory, readable
+                if e is None:
+                    lane.misses += 1
+                    return None
+            else:
+                self._touch(e)
             lane.hits += 1
             self.counters["gets"] += 1
-            self._touch(e)
             e.refs += 1
             if e.refs == 1 and self._in_lru_now(e):
                 _add(self._pinned, e)
