@@ -45,7 +45,7 @@ def add_serve_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--memory", default="4GiB", help="value memory, e.g. 4GiB")
     ap.add_argument("--lanes", type=int, default=4, help="capacity lanes (key namespaces)")
     ap.add_argument("--dir", default=None, help="spill evicted values to this directory")
-    ap.add_argument("--dir-capacity", default=None, help="spill size limit (default 4x memory)")
+    ap.add_argument("--dir-capacity", default=None, help="spill size limit (None: 4x memory)")
     ap.add_argument(
         "--replay-window-ms",
         type=int,
@@ -56,7 +56,7 @@ def add_serve_arguments(ap: argparse.ArgumentParser) -> None:
         "--max-connections",
         type=int,
         default=None,
-        help="connections served at once (default: ulimit -n minus 64, at most 4096)",
+        help="connections served at once (None: ulimit -n minus 64, at most 4096)",
     )
     ap.add_argument(
         "--frame-timeout-s",
@@ -163,6 +163,10 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="memkv serve", description="Run a MemKV server node.")
+    ap = argparse.ArgumentParser(
+        prog="memkv serve",
+        description="Run a MemKV server node.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add_serve_arguments(ap)
     return serve(ap.parse_args(argv))
