@@ -75,3 +75,25 @@ class RawSession:
 
     def close(self) -> None:
         self.sock.close()
+
+    def __enter__(self) -> RawSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def assert_status(reply: p.Frame | None, status: p.Status, text: bytes = b"") -> None:
+    """``reply`` is a frame with this frame-level status whose message holds ``text``."""
+    assert reply is not None, "no reply"
+    assert reply.header.status == status, (p.status_name(reply.header.status), reply.meta)
+    assert text in reply.meta
+
+
+def rss(pid: int) -> int:
+    """Resident memory of a process, in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) << 10
+    raise AssertionError("no VmRSS")

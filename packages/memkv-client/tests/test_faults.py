@@ -13,7 +13,7 @@ from conftest import KEY, ServerProcess, make_client, wait_until
 from memkv_client import BadMacError, RemoteProtocolError, ResultKind
 from memkv_client import protocol as p
 from memkv_client.auth import Signer, value_digest
-from rawclient import RawSession, frame, read_frame
+from rawclient import RawSession, assert_status, frame, read_frame
 
 
 def _rx_queued(port: int) -> bool:
@@ -112,18 +112,10 @@ def _exchange(address: str, data: bytes) -> p.Frame | None:
 
 
 def test_request_replayed_on_the_same_connection_is_rejected(server: ServerProcess) -> None:
-    s = RawSession(server.port, KEY)
-    try:
-        first = s.request(p.Op.EXISTS, p.encode_keys([b"replay/k"]))
-        assert first is not None
-        assert first.header.status == p.Status.OK
+    with RawSession(server.port, KEY) as s:
+        assert_status(s.request(p.Op.EXISTS, p.encode_keys([b"replay/k"])), p.Status.OK)
         s.sock.sendall(s.sent[-1])
-        again = read_frame(s.sock)
-        assert again is not None
-        assert again.header.status == p.Status.REPLAY
-        assert b"out of sequence" in again.meta
-    finally:
-        s.close()
+        assert_status(read_frame(s.sock), p.Status.REPLAY, b"out of sequence")
 
 
 def test_captured_put_with_swapped_value_is_never_stored(fresh_server: ServerProcess) -> None:
@@ -166,15 +158,12 @@ def test_captured_put_with_swapped_value_is_never_stored(fresh_server: ServerPro
 
 
 def test_altered_value_bytes_fail_the_item(server: ServerProcess) -> None:
-    s = RawSession(server.port, KEY)
-    try:
+    with RawSession(server.port, KEY) as s:
         meta = p.encode_put_items([(b"dig/k", 11, value_digest([b"balance=100"]))])
         reply = s.request(p.Op.PUT, meta, b"balance=999")
+        assert_status(reply, p.Status.OK)
         assert reply is not None
-        assert reply.header.status == p.Status.OK
         assert p.decode_flags(reply.meta, 1) == [p.Status.BAD_MAC]
-    finally:
-        s.close()
     with make_client(server.address) as c:
         assert c.get("dig/k") is None
 
@@ -221,36 +210,24 @@ def test_replies_recorded_on_another_connection_are_refused(server: ServerProces
 
 
 def test_clock_drift_is_rejected(server: ServerProcess) -> None:
-    s = RawSession(server.port, KEY)
-    try:
-        old = time.time_ns() - 3600 * 10**9
+    old = time.time_ns() - 3600 * 10**9
+    with RawSession(server.port, KEY) as s:
         reply = s.request(p.Op.EXISTS, p.encode_keys([b"k"]), ts=old)
-        assert reply is not None
-        assert reply.header.status == p.Status.CLOCK_DRIFT
-        assert b"skew" in reply.meta
-    finally:
-        s.close()
+        assert_status(reply, p.Status.CLOCK_DRIFT, b"skew")
 
 
 def test_stats_with_trailing_metadata_is_refused(server: ServerProcess) -> None:
-    s = RawSession(server.port, KEY)
-    try:
-        reply = s.request(p.Op.STATS, b"junk")
-        assert reply is not None
-        assert reply.header.status == p.Status.INVALID_REQUEST
-    finally:
-        s.close()
+    with RawSession(server.port, KEY) as s:
+        assert_status(s.request(p.Op.STATS, b"junk"), p.Status.INVALID_REQUEST)
 
 
 def test_replies_are_signed_by_the_server(server: ServerProcess) -> None:
-    s = RawSession(server.port, KEY)  # checks the HELLO reply against the nonce-bound key
-    try:
+    with RawSession(server.port, KEY) as s:  # checks the HELLO reply with the nonce-bound key
         reply = s.request(p.Op.EXISTS, p.encode_keys([b"k"]))
+        assert_status(reply, p.Status.OK)
         assert reply is not None
         assert s.verified(reply)
         assert not Signer(KEY).verify(reply.header.pack(), reply.meta, reply.mac)
-    finally:
-        s.close()
 
 
 def test_version_negotiation(server: ServerProcess) -> None:

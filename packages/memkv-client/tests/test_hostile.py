@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import rawclient
 from conftest import KEY, ServerProcess, make_client
 from memkv_client import protocol as p
 from memkv_client.auth import Signer, value_digest
@@ -38,11 +39,7 @@ def scale(short: int, full: int) -> int:
 
 def rss(srv: ServerProcess) -> int:
     assert srv.proc is not None
-    with open(f"/proc/{srv.proc.pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) << 10
-    raise AssertionError("no VmRSS")
+    return rawclient.rss(srv.proc.pid)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import rawclient
 from conftest import KEY, ServerProcess, make_client, wait_until
 from memkv_client import protocol as p
 from rawclient import RawSession, read_frame
@@ -16,11 +17,7 @@ from rawclient import RawSession, read_frame
 
 def rss(srv: ServerProcess) -> int:
     assert srv.proc is not None
-    with open(f"/proc/{srv.proc.pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) << 10
-    raise AssertionError("no VmRSS")
+    return rawclient.rss(srv.proc.pid)
 
 
 def closed_by_server(sock: socket.socket, within: float) -> bool:
