@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from conftest import KEY_HEX, ServerProcess, make_client, wait_until
@@ -79,20 +78,6 @@ def test_spill_directory(tmp_path: Path) -> None:
     finally:
         assert srv.terminate() == 0
     assert list(tmp_path.glob("*.mkv")) == []
-
-
-def test_listens_at_once_while_memory_is_prefaulted_in_the_background() -> None:
-    """1 GiB pre-faulted with MAP_POPULATE delayed listening by ~7 s here."""
-    t0 = time.monotonic()
-    srv = ServerProcess("--memory", "1GiB", prefault=True).start()
-    try:
-        assert time.monotonic() - t0 < 4
-        with make_client(srv.address) as c:
-            c.put("pf/k", b"v")
-            assert c.get("pf/k") == b"v"
-            assert wait_until(lambda: c.stats()["store"]["prefaulted"] == 1 << 30, 200, 0.1)
-    finally:
-        srv.stop()
 
 
 def test_cli_version_and_serve_help_show_what_users_need() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -318,3 +319,20 @@ def test_spill_dir_touches_only_its_own_files(tmp_path: Path) -> None:
     assert sorted(f.name for f in own.iterdir()) == [".memkv-spill", "holiday-video.mkv"]
     SpillDir(own, MB).close()  # a claimed directory is reused
     assert (own / "holiday-video.mkv").read_bytes() == b"precious"
+
+
+def test_prefault_runs_in_the_background_so_the_server_listens_at_once() -> None:
+    """Pre-faulting 2 GiB in the constructor (MAP_POPULATE) took seconds before the
+    server could listen; now a background thread does it and stops on close."""
+    t0 = time.monotonic()
+    store = Store(2 << 30, lanes=1, prefault=True)
+    took = time.monotonic() - t0
+    try:
+        assert took < 0.25
+        assert put(store, b"k", b"v" * MB) is Status.OK  # usable while it runs
+        deadline = time.monotonic() + 30
+        while store.stats()["prefaulted"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.stats()["prefaulted"] > 0
+    finally:
+        store.close()

@@ -62,7 +62,7 @@ SPILL_MIN = 4096  #: smaller victims are dropped, not spilled (a file each would
 _MADV_DONTNEED = 4
 _MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
-_PREFAULT_CHUNK = 64 << 20
+_PREFAULT_CHUNK = 16 << 20  # per madvise call (it holds the GIL)
 
 
 def namespace_of(key: bytes) -> bytes:
