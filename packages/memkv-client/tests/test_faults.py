@@ -13,6 +13,7 @@ from conftest import KEY, ServerProcess, make_client, wait_until
 from memkv_client import BadMacError, RemoteProtocolError, ResultKind
 from memkv_client import protocol as p
 from memkv_client.auth import Signer, value_digest
+from memkv_client.errors import UnsupportedVersionError
 from rawclient import RawSession, assert_status, frame, read_frame
 
 
@@ -364,3 +365,29 @@ def test_a_hung_member_costs_one_request_timeout_then_fails_fast(
         assert max(elapsed[1:]) < 1, elapsed
     finally:
         live.stop()
+
+
+def test_a_version_1_server_is_named_as_such() -> None:
+    """A server that answers every version-2 frame like a version-1 server would."""
+    from conftest import free_port
+
+    listener = socket.create_server(("127.0.0.1", free_port()))
+
+    def old_server() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            msg = b"unsupported version 2"
+            header = p.Header(1, 0, p.Status.UNSUPPORTED_VERSION, p.FLAG_RESPONSE, 0, 0,
+                              len(msg), 0).pack()  # fmt: skip
+            conn.sendall(header + Signer(KEY).sign(header, msg) + msg)
+
+    th = threading.Thread(target=old_server, daemon=True)
+    th.start()
+    with (
+        make_client(f"127.0.0.1:{listener.getsockname()[1]}") as c,
+        pytest.raises(UnsupportedVersionError, match=r"unsupported version 2$"),
+    ):
+        c.exists_on(0, ["k"])
+    th.join(10)
+    listener.close()

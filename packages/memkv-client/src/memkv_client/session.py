@@ -97,7 +97,10 @@ class TcpSession:
             raise RemoteProtocolError(f"{self.address}: reply metadata of {h.meta_len} bytes")
         meta = bytes(recv_exact(self.sock, h.meta_len))
         header_bytes = bytes(prefix[: p.HEADER_SIZE])
-        verified = self._verifier.verify(header_bytes, meta, bytes(prefix[p.HEADER_SIZE :]))
+        mac = bytes(prefix[p.HEADER_SIZE :])
+        verified = self._verifier.verify(header_bytes, meta, mac)
+        if not verified and h.status != Status.OK:  # errors before HELLO: the plain key
+            verified = self._key.verify(header_bytes, meta, mac)
         if not verified and h.status == Status.OK:
             raise RemoteProtocolError(f"{self.address}: reply MAC does not verify (wrong key?)")
         if h.status != Status.OK:
