@@ -61,6 +61,14 @@ def test_every_eviction_policy_opens_a_store(tmp_path: Path, policy: str) -> Non
         store.close()
 
 
+@pytest.mark.parametrize("overflow", [None, "demote"])
+def test_l1_overflow_reaches_the_store(tmp_path: Path, overflow: str | None) -> None:
+    extra = {} if overflow is None else {"l1_overflow": overflow}
+    config = OffloadConfig.from_extra_config(extra)
+    store_config = build_store_config(fake_vllm_config(tmp_path), config, layout(), 32)
+    assert store_config.l1_overflow == (overflow or "drop_unwritten")
+
+
 def test_pool_name_survives_restarts_and_tracks_the_checkpoint(tmp_path: Path) -> None:
     model = tmp_path / "model"
     model.mkdir()
@@ -73,8 +81,8 @@ def test_pool_name_survives_restarts_and_tracks_the_checkpoint(tmp_path: Path) -
     assert name.startswith("model-")
     (model / "config.json").write_text('{"hidden_size": 128}')  # a new checkpoint
     assert layout_fingerprint(vllm_config, layout(), 32) != before
-    named = OffloadConfig.from_extra_config({"pool_name": "prod/llama 8b"})
-    assert engine_name(vllm_config, named, before) == "prod_llama_8b"
+    named = OffloadConfig.from_extra_config({"pool_name": "prod.llama-8b"})
+    assert engine_name(vllm_config, named, before) == "prod.llama-8b"  # used as it is
 
 
 def test_l2_written_under_another_physical_layout_is_never_loaded(tmp_path: Path) -> None:
