@@ -4,7 +4,8 @@ engine restart, and every rank's pool and layout files.
 
 Three engine processes, one after another (ttft_bench's engine, pools and prompts):
 plain (no connector), ours (cold, L1 hit after an HBM reset, L2 hit after other prompts
-pushed the prompt out of L1) and restart (a new process on the same pool files).
+pushed the prompt out of L1; lists the pool files before it exits) and restart (a new
+process on the same pool files).
 Usage: GPU_BENCH_TP=2 python tp_check.py [LENGTH]   (default 16384; $OUT/tp-check-tpN.json)
 """
 
@@ -51,6 +52,7 @@ def engine_main(role: str, n: int, out_path: str) -> None:
             engine.ttft(ttft_bench.prompt(rng, n))
         engine.reset_hbm()
         result["l2_hit"] = generate(engine, ids)
+        result["files_while_running"] = pool_files()  # L1 and layouts go at a clean exit
     engine.reset_hbm()  # stores of the last run settle before the process exits
     Path(out_path).write_text(json.dumps(result))
 
@@ -117,7 +119,7 @@ def main() -> int:
                 "l2_hit": ours["l2_hit"]["cached"],
                 "restart_hit": restart["cold"]["cached"],
             },
-            "ranks_publish_one_layout": result["files_after_ours"]["ranks_publish_one_layout"],
+            "ranks_publish_one_layout": ours["files_while_running"]["ranks_publish_one_layout"],
         }
     print("RESULT " + json.dumps(result.get("summary")), flush=True)
     (out / model_8b.result_name("tp-check")).write_text(json.dumps(result, indent=1))
