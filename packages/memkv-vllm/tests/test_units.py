@@ -199,24 +199,29 @@ def test_register_is_idempotent_and_honours_vllm_plugins(monkeypatch: Any) -> No
     assert memkv_vllm._registered is False
 
 
-def test_scheduler_adopts_the_prefix_only_if_every_rank_agrees(memkv: MemKVServer) -> None:
-    import memkv_client
+def test_scheduler_adopts_the_prefix_only_if_every_rank_agrees(
+    memkv: MemKVServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from memkv_vllm.direct_manager import adopt_prefix
     from memkv_vllm.naming import publish_key
+    from memkv_vllm.store_config import StoreConfig
+    from memkv_vllm.store_memkv import MemKVStore
 
-    with memkv_client.Client(servers=[memkv.address], transport="tcp") as client:
-        client.put(publish_key("e1", 0), b"P")
-        client.put(publish_key("e1", 1), b"P")
-        assert adopt_prefix(client, "e1", 2, timeout=1) == b"P"
-        assert client.get(publish_key("e1", 0)) is None  # records are cleaned up
-        client.put(publish_key("e2", 0), b"P")
-        client.put(publish_key("e2", 1), b"Q")
-        with pytest.raises(RuntimeError, match="ranks key KV blocks differently"):
-            adopt_prefix(client, "e2", 2, timeout=1)
-        client.put(publish_key("e3", 0), b"P")
-        with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] published no key prefix"):
-            adopt_prefix(client, "e3", 2, timeout=0.5)
-
+    for name, value in memkv.env().items():
+        monkeypatch.setenv(name, value)
+    store = MemKVStore(StoreConfig(), probe=True, who="test")
+    store.put_record(publish_key("e1", 0), b"P")
+    store.put_record(publish_key("e1", 1), b"P")
+    assert adopt_prefix(store, "e1", 2, timeout=1) == b"P"
+    assert store.get_record(publish_key("e1", 0)) is None  # records are cleaned up
+    store.put_record(publish_key("e2", 0), b"P")
+    store.put_record(publish_key("e2", 1), b"Q")
+    with pytest.raises(RuntimeError, match="ranks key KV blocks differently"):
+        adopt_prefix(store, "e2", 2, timeout=1)
+    store.put_record(publish_key("e3", 0), b"P")
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] published no key prefix"):
+        adopt_prefix(store, "e3", 2, timeout=0.5)
+    store.close()
 
 def _offloading_config(pp: int = 1, pcp: int = 1, blocks_per_chunk: int = 1) -> Any:
     from types import SimpleNamespace as Ns
