@@ -48,8 +48,16 @@ def hgx(root: Path, frontend_nic_on_gpu1: bool = False) -> Path:
         rc = f"{numa * 0x80:02x}"
         top = f"pci0000:{rc}/0000:{rc}:0{sw % 2 + 1}.0/0000:{0x10 + sw:02x}:00.0"
         sub_switch = f"{top}/0000:{0x18 + sw:02x}:0{sub}.0/0000:{0x20 + g:02x}:00.0"
-        pci[f"gpu{g}"] = (f"{sub_switch}/0000:{0x30 + g:02x}:00.0/0000:{0x40 + g:02x}:00.0", GPU, numa)  # noqa: E501
-        pci[f"nic{g}"] = (f"{sub_switch}/0000:{0x30 + g:02x}:01.0/0000:{0x50 + g:02x}:00.0", NIC, numa)  # noqa: E501
+        pci[f"gpu{g}"] = (
+            f"{sub_switch}/0000:{0x30 + g:02x}:00.0/0000:{0x40 + g:02x}:00.0",
+            GPU,
+            numa,
+        )
+        pci[f"nic{g}"] = (
+            f"{sub_switch}/0000:{0x30 + g:02x}:01.0/0000:{0x50 + g:02x}:00.0",
+            NIC,
+            numa,
+        )
         ib[f"mlx5_{g}"] = (f"nic{g}", "InfiniBand", "4: ACTIVE")
     pci["storage"] = ("pci0000:00/0000:00:05.0/0000:70:00.0", NIC, 0)
     ib["mlx5_8"] = ("storage", "Ethernet", "4: ACTIVE")
@@ -77,7 +85,11 @@ def test_fewer_nics_than_ranks_spreads_ranks_over_the_closest_nics(tmp_path: Pat
     for s in range(2):
         sw = f"pci0000:{s * 8:02x}/0000:{s * 8:02x}:01.0/0000:{s + 1:02x}:00.0"
         for g in range(4):
-            pci[f"gpu{s * 4 + g}"] = (f"{sw}/0000:{s + 0x10:02x}:0{g}.0/0000:{0x20 + s * 4 + g:02x}:00.0", GPU, s)  # noqa: E501
+            pci[f"gpu{s * 4 + g}"] = (
+                f"{sw}/0000:{s + 0x10:02x}:0{g}.0/0000:{0x20 + s * 4 + g:02x}:00.0",
+                GPU,
+                s,
+            )
         pci[f"nic{s}"] = (f"{sw}/0000:{s + 0x10:02x}:08.0/0000:{0x30 + s:02x}:00.0", NIC, s)
         ib[f"mlx5_{s}"] = (f"nic{s}", "InfiniBand", "4: ACTIVE")
     sysfs = build(tmp_path / "a", pci, ib)
@@ -85,10 +97,20 @@ def test_fewer_nics_than_ranks_spreads_ranks_over_the_closest_nics(tmp_path: Pat
     assert [c.nic for c in picks] == ["mlx5_0"] * 4 + ["mlx5_1"] * 4
     assert {c.level for c in picks} == {"PIX"}
 
-    pci = {f"gpu{g}": (f"pci0000:{(g // 2) * 8:02x}/0000:{(g // 2) * 8:02x}:0{g % 2 + 1}.0/0000:{g + 1:02x}:00.0", GPU, g // 2) for g in range(4)}  # noqa: E501
+    pci = {
+        f"gpu{g}": (
+            f"pci0000:{(g // 2) * 8:02x}/0000:{(g // 2) * 8:02x}:0{g % 2 + 1}.0/0000:{g + 1:02x}:00.0",
+            GPU,
+            g // 2,
+        )
+        for g in range(4)
+    }
     pci["nic0"] = ("pci0000:00/0000:00:04.0/0000:40:00.0", NIC, 0)
     pci["nic1"] = ("pci0000:00/0000:00:05.0/0000:41:00.0", NIC, 0)
-    ib = {"mlx5_0": ("nic0", "InfiniBand", "4: ACTIVE"), "mlx5_1": ("nic1", "InfiniBand", "4: ACTIVE")}  # noqa: E501
+    ib = {
+        "mlx5_0": ("nic0", "InfiniBand", "4: ACTIVE"),
+        "mlx5_1": ("nic1", "InfiniBand", "4: ACTIVE"),
+    }
     sysfs = build(tmp_path / "b", pci, ib)
     picks = [choose_nic(g, sysfs, env={}) for g in range(4)]
     # GPUs 0/1 share the root complex with both NICs: equally close, spread over them
@@ -101,7 +123,8 @@ def test_memkv_rdma_devices_drops_a_nic_of_another_fabric(tmp_path: Path) -> Non
     sysfs = hgx(tmp_path, frontend_nic_on_gpu1=True)
     # GPU1's switch holds its InfiniBand NIC and a front-end Ethernet NIC: equally close
     unfiltered = choose_nic(1, sysfs, env={})
-    assert unfiltered.level == "PIX" and unfiltered.nic == "mlx5_bond_0"
+    assert unfiltered.level == "PIX"
+    assert unfiltered.nic == "mlx5_bond_0"
     fabric = ",".join(f"mlx5_{g}" for g in range(8))
     narrowed = choose_nic(1, sysfs, env={"MEMKV_RDMA_DEVICES": fabric})
     assert (narrowed.nic, narrowed.level) == ("mlx5_1", "PIX")
@@ -116,7 +139,8 @@ def test_a_nic_whose_port_is_down_is_not_a_candidate(tmp_path: Path) -> None:
     sysfs = hgx(tmp_path)
     (sysfs / "class" / "infiniband" / "mlx5_2" / "ports" / "1" / "state").write_text("1: DOWN\n")
     choice = choose_nic(2, sysfs, env={})
-    assert choice.nic == "mlx5_3" and choice.level == "PXB"  # the neighbour sub-switch
+    assert choice.nic == "mlx5_3"
+    assert choice.level == "PXB"
     assert "mlx5_2" not in choice.candidates
 
 
@@ -130,4 +154,5 @@ def test_net_topo_prints_each_gpus_choice(
     out = capsys.readouterr().out
     assert "GPU0 -> mlx5_0 (PIX; on the GPU's PCIe switch" in out
     assert "GPU7 -> mlx5_8 (SYS" in out or "GPU7 -> mlx5_0 (SYS" in out
-    assert "InfiniBand" in out and "Ethernet" in out
+    assert "InfiniBand" in out
+    assert "Ethernet" in out

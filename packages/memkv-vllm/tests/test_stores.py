@@ -31,9 +31,7 @@ def cluster(tmp_path: Path) -> Iterator[MooncakeCluster]:
     c.stop()
 
 
-def open_on(
-    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], **settings: Any
-) -> KVStore:
+def open_on(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], **settings: Any) -> KVStore:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     return open_store(StoreConfig.resolve(settings, "test"), True, "test")
@@ -68,7 +66,8 @@ def test_store_interface_answers_per_item(store: KVStore) -> None:
                                 (keys[2], dst[2], MiB)])  # fmt: skip
     assert [bool(r) for r in got] == [True, False, True]
     assert got[1].cause
-    assert np.array_equal(dst[0], src[0]) and np.array_equal(dst[2], src[2])
+    assert np.array_equal(dst[0], src[0])
+    assert np.array_equal(dst[2], src[2])
     store.put_record(b"memkv-vllm/record", b"prefix")
     assert store.get_record(b"memkv-vllm/record") == b"prefix"
     assert store.get_record(b"memkv-vllm/none") is None
@@ -100,7 +99,8 @@ def test_mooncake_evicts_when_full_and_reports_misses_per_item(
         time.sleep(0.3)
     present = s.exists(keys)
     assert 0 < sum(present) <= 48, sum(present)
-    assert present[-1] and not present[0]  # the oldest values went first
+    assert present[-1]
+    assert not present[0]
     out = np.zeros((2, MiB), np.uint8)
     s.register(out)
     got = s.batch_get_into([(keys[0], out[0], MiB), (keys[-1], out[1], MiB)])
@@ -191,8 +191,12 @@ def test_mooncake_master_that_does_not_answer_fails_startup_naming_it(
     from mooncake_harness import free_port
 
     port = free_port()
-    env = {"MEMKV_BACKEND": "mooncake", "MEMKV_MOONCAKE_MASTER": f"127.0.0.1:{port}",
-           "MEMKV_MOONCAKE_METADATA_SERVER": f"http://127.0.0.1:{free_port()}/metadata",
-           "MEMKV_MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1"}  # fmt: skip
+    env = {
+        "MEMKV_BACKEND": "mooncake",
+        "MEMKV_MOONCAKE_MASTER": f"127.0.0.1:{port}",
+        "MEMKV_MOONCAKE_METADATA_SERVER": f"http://127.0.0.1:{free_port()}/metadata",
+        "MEMKV_MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1",
+        "MC_STORE_CLIENT_SETUP_RETRIES": "1",
+    }  # fmt: skip (default 20 tries: ~90 s)
     with pytest.raises(RuntimeError, match=rf"mooncake_master='127.0.0.1:{port}'"):
         open_on(monkeypatch, env)

@@ -223,6 +223,7 @@ def test_scheduler_adopts_the_prefix_only_if_every_rank_agrees(
         adopt_prefix(store, "e3", 2, timeout=0.5)
     store.close()
 
+
 def _offloading_config(pp: int = 1, pcp: int = 1, blocks_per_chunk: int = 1) -> Any:
     from types import SimpleNamespace as Ns
 

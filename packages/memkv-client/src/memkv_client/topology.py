@@ -195,7 +195,9 @@ class NicChoice:
 
     def describe(self) -> str:
         pick = self.nic or "none"
-        return f"{pick} ({self.level}; {self.reason}; candidates: {', '.join(self.candidates) or '-'})"
+        return (
+            f"{pick} ({self.level}; {self.reason}; candidates: {', '.join(self.candidates) or '-'})"
+        )
 
 
 def _port_active(sysfs: Path, nic: str) -> bool:

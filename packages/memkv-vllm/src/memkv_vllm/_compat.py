@@ -44,7 +44,6 @@ __all__ = [
     "RequestOffloadingContext",
     "SecondaryTierManager",
     "hash_seed_problem",
-    "warn_if_hashes_differ_per_process",
     "init_tier_base",
     "invalid_block_ids",
     "job_slots",
@@ -55,6 +54,7 @@ __all__ = [
     "new_stats",
     "offloading_connector_cls",
     "vllm_version",
+    "warn_if_hashes_differ_per_process",
 ]
 
 LookupResult = _base.LookupResult

@@ -72,13 +72,13 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
         cfg = spec.cfg
         warn_if_hashes_differ_per_process()
         store_config = StoreConfig.resolve(spec.extra_config, "kv_connector_extra_config", "memkv_")
-        self._store = open_store(store_config, True, "direct scheduler")
+        self._kv = open_store(store_config, True, "direct scheduler")
         self._ranks = range(spec.config.parallel.world_size)
         self.prefix = adopt_prefix(
-            self._store, spec.config.engine_id, len(self._ranks), cfg.memkv_publish_timeout_s
+            self._kv, spec.config.engine_id, len(self._ranks), cfg.memkv_publish_timeout_s
         )
         self._lookup = BatchedLookup(
-            self._store.exists,
+            self._kv.exists,
             hit_ttl=cfg.memkv_lookup_hit_ttl,
             miss_ttl=cfg.memkv_lookup_miss_ttl,
             timeout=cfg.memkv_lookup_timeout_s,
@@ -88,7 +88,7 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
             load_errors.on_scheduler_failure(self._lookup.forget)
         self._metrics = TierMetrics()
         self._rounds_reported = 0
-        log.info("memkv-vllm: direct offload on %s, key prefix %s", self._store.describe(),
+        log.info("memkv-vllm: direct offload on %s, key prefix %s", self._kv.describe(),
                  self.prefix.hex())  # fmt: skip
 
     def _names(self, key: bytes) -> list[bytes]:
@@ -150,4 +150,4 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
 
     def shutdown(self) -> None:
         self._lookup.close()
-        self._store.close()
+        self._kv.close()

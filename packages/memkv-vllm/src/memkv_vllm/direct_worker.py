@@ -85,13 +85,13 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         budget = cfg.memkv_scratch_mb_per_thread << 20
         self._blocks_per_op = max(1, min(MAX_BLOCKS_PER_OP, budget // self._slot))
         device = self._tensors[0].device
-        self._store = open_store(
+        self._kv = open_store(
             StoreConfig.resolve(spec.extra_config, "kv_connector_extra_config", "memkv_"),
             False,
             f"direct worker rank {self.rank}",
             gpu=device.index if device.type == "cuda" else None,
         )
-        has_rdma = self._store.has_rdma
+        has_rdma = self._kv.has_rdma
         self.medium = choose_scratch_medium(cfg.memkv_scratch_medium, device, has_rdma)
         if not has_rdma:
             log.warning(
@@ -113,7 +113,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         self.prefix = direct_prefix(
             ident, weights_fingerprint(config.model.name), cfg.memkv_spec_prefix
         )
-        self._store.put_record(publish_key(config.engine_id, self.rank), self.prefix)
+        self._kv.put_record(publish_key(config.engine_id, self.rank), self.prefix)
         n = cfg.memkv_num_threads
         self._jobs = JobRunner(n, n, max_backlog_bytes=1 << 62)
         self._local = threading.local()
@@ -140,7 +140,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
 
             scratch = torch.empty((self._blocks_per_op, self._slot), dtype=torch.int8)
             self._local.scratch = (scratch, scratch.numpy())
-            self._store.register(self._local.scratch[1])  # zero-copy where the store can
+            self._kv.register(self._local.scratch[1])  # zero-copy where the store can
             scratch = self._local.scratch
         return scratch
 
@@ -167,7 +167,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
                     scratch[slot, offset : offset + size].copy_(self._tensors[tidx][block, :size])
                     offset += size
                 items.append((name, raw[slot], offset))
-            for (_, _, n), result in zip(items, self._store.batch_put(items), strict=True):
+            for (_, _, n), result in zip(items, self._kv.batch_put(items), strict=True):
                 if result.ok:
                     sent += n
                 else:
@@ -187,7 +187,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
                 (plan[i][0], raw[slot], self._value_bytes[plan[i][1]])
                 for slot, i in enumerate(part)
             ]
-            results = self._store.batch_get_into(items)
+            results = self._kv.batch_get_into(items)
             for slot, i in enumerate(part):
                 name, group, block = plan[i]
                 if not results[slot]:
@@ -253,4 +253,4 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
     def shutdown(self) -> None:
         self._jobs.drain(timeout=30)
         self._jobs.shutdown()
-        self._store.close()
+        self._kv.close()

@@ -89,10 +89,10 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
             c.make_file_mapper(self.cfg.prefix, offloading_spec), self.fingerprint
         )
         c.warn_if_hashes_differ_per_process()
-        self._store = open_store(store_config, self.cfg.probe_servers, "tier")
-        self._store.register(self._rows)  # the CPU pool: zero-copy transfers where possible
+        self._kv = open_store(store_config, self.cfg.probe_servers, "tier")
+        self._kv.register(self._rows)  # the CPU pool: zero-copy transfers where possible
         self._lookup = BatchedLookup(
-            self._store.exists,
+            self._kv.exists,
             hit_ttl=self.cfg.lookup_hit_ttl_s,
             miss_ttl=self.cfg.lookup_miss_ttl_s,
             timeout=self.cfg.lookup_timeout_s,
@@ -105,7 +105,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
         self._write_config_record(offloading_spec)
         log.info(
             "memkv-vllm: tier ready: %d-byte values under %s on %s (vLLM %s)",
-            self._row_bytes, self._namer.run_folder, self._store.describe(), c.vllm_version(),
+            self._row_bytes, self._namer.run_folder, self._kv.describe(), c.vllm_version(),
         )  # fmt: skip
 
     def _write_config_record(self, spec: Any) -> None:
@@ -116,7 +116,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
             "vllm": c.vllm_version(),
         }
         try:
-            self._store.put_record(self._namer.config_record_name(), json.dumps(record).encode())
+            self._kv.put_record(self._namer.config_record_name(), json.dumps(record).encode())
         except Exception as exc:  # informational only
             log.warning("memkv-vllm: could not write the run's config record: %s", exc)
 
@@ -145,13 +145,13 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
 
     def _store(self, keys: list[Any], names: list[bytes], slots: np.ndarray) -> JobOutcome:
         # values are content-addressed: skip what another instance already stored
-        present = self._store.exists(names)
+        present = self._kv.exists(names)
         ok = {i for i, p in enumerate(present) if p}
         todo = [i for i, p in enumerate(present) if not p]
         sent = 0
         for part in _chunks(todo, self.cfg.blocks_per_op):
             items = [(names[i], self._rows[slots[i]], self._row_bytes) for i in part]
-            for i, result in zip(part, self._store.batch_put(items), strict=True):
+            for i, result in zip(part, self._kv.batch_put(items), strict=True):
                 if result.ok:
                     ok.add(i)
                     sent += self._row_bytes
@@ -173,7 +173,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
         failed: list[int] = []
         for part in _chunks(list(range(len(keys))), self.cfg.blocks_per_op):
             items = [(names[i], self._rows[slots[i]], self._row_bytes) for i in part]
-            for i, result in zip(part, self._store.batch_get_into(items), strict=True):
+            for i, result in zip(part, self._kv.batch_get_into(items), strict=True):
                 (ok if result.ok else failed).append(i)
         if failed:
             # gone between lookup and load (evicted, server restarted): read as absent for
@@ -244,7 +244,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
         self._jobs.drain(timeout=30)
         self._jobs.shutdown()
         self._lookup.close()
-        self._store.close()
+        self._kv.close()
 
 
 memkv = MemKVTierManager  # `{"type": "memkv", "module_path": "memkv_vllm.tier"}` (vLLM >= 0.28)

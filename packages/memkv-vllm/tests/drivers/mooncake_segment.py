@@ -13,7 +13,7 @@ import time
 
 os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")  # advertise loopback only
 
-from mooncake.store import MooncakeDistributedStore  # noqa: E402
+from mooncake.store import MooncakeDistributedStore
 
 
 def main() -> int:
