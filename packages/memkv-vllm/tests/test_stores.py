@@ -116,21 +116,23 @@ def test_mooncake_store_process_killed_replicas_keep_values(
 ) -> None:
     single = open_on(monkeypatch, cluster.env())
     double = open_on(monkeypatch, cluster.env(), mooncake_replicas=2)
-    pool, out = filled(4, MiB, 3), np.zeros((24, MiB), np.uint8)
+    size, n = 256 << 10, 48  # 48 values per replica count: some land on every segment
+    pool, out = filled(4, size, 3), np.zeros((2 * n, size), np.uint8)
     for s in (single, double):
         s.register(pool)
         s.register(out)
-    ones = [f"r1/{i}".encode() for i in range(12)]
-    twos = [f"r2/{i}".encode() for i in range(12)]
-    assert all(single.batch_put([(k, pool[i % 4], MiB) for i, k in enumerate(ones)]))
-    assert all(double.batch_put([(k, pool[i % 4], MiB) for i, k in enumerate(twos)]))
+    ones = [f"r1/{i}".encode() for i in range(n)]
+    twos = [f"r2/{i}".encode() for i in range(n)]
+    assert all(single.batch_put([(k, pool[i % 4], size) for i, k in enumerate(ones)]))
+    assert all(double.batch_put([(k, pool[i % 4], size) for i, k in enumerate(twos)]))
     cluster.kill_store(0)
     time.sleep(cluster.client_ttl_s + 3)  # the master unmounts the dead segment
-    items = [(k, out[i], MiB) for i, k in enumerate(ones + twos)]
+    items = [(k, out[i], size) for i, k in enumerate(ones + twos)]
     got = single.batch_get_into(items)
     lost = [k for (k, _, _), r in zip(items, got, strict=True) if not r]
+    assert lost, "no value sat on the killed segment"
     assert all(k.startswith(b"r1/") for k in lost), lost  # two copies: every value survived
-    assert all(np.array_equal(out[12 + i], pool[i % 4]) for i in range(12))
+    assert all(np.array_equal(out[n + i], pool[i % 4]) for i in range(n))
     assert single.exists(lost) == [False] * len(lost)  # lost values read as absent
     for s in (single, double):
         s.close()
