@@ -7,6 +7,7 @@ ephemeral one and every endpoint is advertised on loopback (``MC_TCP_BIND_ADDRES
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -119,6 +120,20 @@ class MooncakeCluster:
         self.master.kill()
         self.master.wait()
         self.start_master()
+
+    def remove_unleased(self) -> int:
+        """Remove every value no lease protects (what eviction may take); the count."""
+        os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        from mooncake.store import MooncakeDistributedStore
+
+        client = MooncakeDistributedStore()
+        rc = client.setup("127.0.0.1", self.metadata_server, 0, 16 << 20, "tcp", "",
+                          self.master_address)  # fmt: skip
+        assert rc == 0, rc
+        try:
+            return int(client.remove_all(False))
+        finally:
+            client.close()
 
     def env(self) -> dict[str, str]:
         """What a vLLM engine (or any memkv-vllm process) needs to use this cluster."""

@@ -107,12 +107,13 @@ def test_mooncake_direct_round_trips_across_processes(
     assert second.cached(0)[0] == 6 * BLOCK, second.cached(0)
 
 
-def test_mooncake_direct_lease_expired_and_evicted_before_the_load_recomputes(
+def test_mooncake_direct_lease_expired_value_removed_before_the_load_recomputes(
     start_engine: Any, tiny_llama: str, baseline: EngineRun, tmp_path: Path
 ) -> None:
-    # three 1 MiB segments (~90 blocks of 32 KiB): the filler evicts P1's blocks once the
-    # lease P1's lookup took (500 ms) has run out; the engine still believes they are there
-    cluster = MooncakeCluster(tmp_path, stores=3, segment_mb=1, lease_ms=500).start()
+    # P1's lookup leases its blocks for 500 ms; once that ran out, removing every unleased
+    # value (what eviction may take) empties Mooncake while the engine, whose lookup answer
+    # stays cached for 300 s, still believes P1's blocks are there
+    cluster = MooncakeCluster(tmp_path, stores=3, segment_mb=16, lease_ms=500).start()
     try:
         spec = {
             "model": tiny_llama,
@@ -120,17 +121,19 @@ def test_mooncake_direct_lease_expired_and_evicted_before_the_load_recomputes(
             "phases": [
                 {"prompts": [P1]},
                 {"reset_prefix_cache": True, "prompts": [P1]},
-                *[
-                    {"reset_prefix_cache": True, "prompts": [make_prompt(10 + i, 30)]}
-                    for i in range(4)
-                ],
-                {"reset_prefix_cache": True, "prompts": [P1]},
+                {"pause": True, "reset_prefix_cache": True, "prompts": [P1]},
             ],
         }
-        run = start_engine(spec, **cluster.env()).result()
+        engine = start_engine(spec, **cluster.env())
+        engine.wait_paused(2)
+        time.sleep(1)  # the lease has run out
+        removed = cluster.remove_unleased()
+        engine.resume(2)
+        run = engine.result()
     finally:
         cluster.stop()
+    assert removed >= 6, removed
     assert run.cached(1) == [6 * BLOCK], run.cached(1)  # loaded from Mooncake
-    assert run.tokens(6) == [baseline.tokens(0)[0]]
-    assert run.cached(6) == [0], run.cached(6)  # evicted: recomputed
+    assert run.tokens(2) == [baseline.tokens(0)[0]]
+    assert run.cached(2) == [0], run.cached(2)  # gone: recomputed
     assert "blocks not loaded; vLLM recomputes them" in run.log

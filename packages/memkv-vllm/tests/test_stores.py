@@ -111,6 +111,23 @@ def test_mooncake_evicts_when_full_and_reports_misses_per_item(
 
 
 @needs_mooncake
+def test_mooncake_lookup_leases_the_value_until_the_lease_ends(
+    cluster: MooncakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = open_on(monkeypatch, cluster.env())
+    pool = filled(1, MiB, 5)
+    s.register(pool)
+    assert all(s.batch_put([(b"leased", pool[0], MiB)]))
+    assert s.exists([b"leased"]) == [True]  # the lookup takes a lease (lease_ms)
+    assert [r.cause for r in s.delete([b"leased"])] == ["under lease"]
+    assert cluster.remove_unleased() == 0
+    time.sleep(cluster.lease_ms / 1000 + 0.3)
+    assert cluster.remove_unleased() == 1  # what eviction may take once the lease ended
+    assert s.exists([b"leased"]) == [False]
+    s.close()
+
+
+@needs_mooncake
 def test_mooncake_store_process_killed_replicas_keep_values(
     cluster: MooncakeCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
