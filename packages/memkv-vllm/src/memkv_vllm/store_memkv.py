@@ -10,18 +10,29 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from .store import Item, ItemOutcome, StoreCounters
 from .store_config import StoreConfig, yaml_settings
 
-__all__ = ["MemKVStore"]
+__all__ = ["MemKVStore", "servers_source"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 
 
 def _outcome(result: Any) -> ItemOutcome:
     return ItemOutcome(bool(result), str(getattr(result, "cause", "")))
+
+
+def servers_source(env: Mapping[str, str] = os.environ) -> str:
+    """Where memkv-client takes the server list from, naming the settings a user edits."""
+    config = env.get("MEMKV_CONFIG")
+    servers = env.get("MEMKV_SERVERS")
+    return (
+        f"taken from the servers: field of MEMKV_CONFIG ({config or 'unset'}), "
+        f"else MEMKV_SERVERS ({servers or 'unset'}), else the default 127.0.0.1:9900"
+    )
 
 
 def _client() -> Any:
@@ -61,8 +72,8 @@ class MemKVStore:
                 self._client.close()
                 raise RuntimeError(
                     f"memkv-vllm ({who}): MemKV server {server} does not answer ({exc}). "
-                    f"Configured servers: {', '.join(servers)} (MEMKV_SERVERS or the servers: "
-                    "field of MEMKV_CONFIG)."
+                    f"Configured servers: {', '.join(servers)}, {servers_source()}. Start "
+                    "`memkv serve` there, or point MEMKV_SERVERS at a running server."
                 ) from exc
 
     def describe(self) -> str:
