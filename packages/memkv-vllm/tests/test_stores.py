@@ -51,14 +51,26 @@ def store(request: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     server.stop()
 
 
+@pytest.fixture
+def mooncake(cluster: MooncakeCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[KVStore]:
+    s = open_on(monkeypatch, cluster.env())
+    yield s
+    s.close()
+
+
 def filled(rows: int, size: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (rows, size), dtype=np.uint8)
 
 
+def registered(store: KVStore, rows: int, size: int, seed: int) -> np.ndarray:
+    """Random rows in a buffer the store has registered."""
+    pool = filled(rows, size, seed)
+    store.register(pool)
+    return pool
+
+
 def test_store_interface_answers_per_item(store: KVStore) -> None:
-    src, dst = filled(3, MiB, 1), np.zeros((3, MiB), np.uint8)
-    store.register(src)
-    store.register(dst)
+    src, dst = registered(store, 3, MiB, 1), registered(store, 3, MiB, 0)
     keys = [b"memkv-vllm/t/a.bin", b"memkv-vllm/t/b.bin", b"mkvd1\x00\xff\x01binary"]
     assert all(store.batch_put([(k, src[i], MiB) for i, k in enumerate(keys)]))
     assert store.exists([*keys, b"absent"]) == [True, True, True, False]
@@ -83,12 +95,9 @@ def test_store_interface_answers_per_item(store: KVStore) -> None:
 
 
 @needs_mooncake
-def test_mooncake_evicts_when_full_and_reports_misses_per_item(
-    cluster: MooncakeCluster, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    s = open_on(monkeypatch, cluster.env())
-    pool = filled(8, MiB, 2)
-    s.register(pool)
+def test_mooncake_evicts_when_full_and_reports_misses_per_item(mooncake: KVStore) -> None:
+    s = mooncake
+    pool = registered(s, 8, MiB, 2)
     keys = [f"evict/{i}".encode() for i in range(96)]  # 96 MiB into 3 x 16 MiB of segments
     refused = 0
     for start in range(0, len(keys), 4):
@@ -101,22 +110,19 @@ def test_mooncake_evicts_when_full_and_reports_misses_per_item(
     assert 0 < sum(present) <= 48, sum(present)
     assert present[-1]
     assert not present[0]
-    out = np.zeros((2, MiB), np.uint8)
-    s.register(out)
+    out = registered(s, 2, MiB, 0)
     got = s.batch_get_into([(keys[0], out[0], MiB), (keys[-1], out[1], MiB)])
     assert [bool(r) for r in got] == [False, True]
     assert np.array_equal(out[1], pool[(len(keys) - 1) % 4])
     assert s.stats()["put_failed"] == refused
-    s.close()
 
 
 @needs_mooncake
 def test_mooncake_lookup_leases_the_value_until_the_lease_ends(
-    cluster: MooncakeCluster, monkeypatch: pytest.MonkeyPatch
+    cluster: MooncakeCluster, mooncake: KVStore
 ) -> None:
-    s = open_on(monkeypatch, cluster.env())
-    pool = filled(1, MiB, 5)
-    s.register(pool)
+    s = mooncake
+    pool = registered(s, 1, MiB, 5)
     assert all(s.batch_put([(b"leased", pool[0], MiB)]))
     assert s.exists([b"leased"]) == [True]  # the lookup takes a lease (lease_ms)
     assert [r.cause for r in s.delete([b"leased"])] == ["under lease"]
@@ -124,7 +130,6 @@ def test_mooncake_lookup_leases_the_value_until_the_lease_ends(
     time.sleep(cluster.lease_ms / 1000 + 0.3)
     assert cluster.remove_unleased() == 1  # what eviction may take once the lease ended
     assert s.exists([b"leased"]) == [False]
-    s.close()
 
 
 @needs_mooncake
@@ -134,10 +139,8 @@ def test_mooncake_store_process_killed_replicas_keep_values(
     single = open_on(monkeypatch, cluster.env())
     double = open_on(monkeypatch, cluster.env(), mooncake_replicas=2)
     size, n = 256 << 10, 48  # 48 values per replica count: some land on every segment
-    pool, out = filled(4, size, 3), np.zeros((2 * n, size), np.uint8)
-    for s in (single, double):
-        s.register(pool)
-        s.register(out)
+    pool, out = registered(single, 4, size, 3), registered(single, 2 * n, size, 0)
+    double.register(pool)
     ones = [f"r1/{i}".encode() for i in range(n)]
     twos = [f"r2/{i}".encode() for i in range(n)]
     assert all(single.batch_put([(k, pool[i % 4], size) for i, k in enumerate(ones)]))
@@ -157,11 +160,10 @@ def test_mooncake_store_process_killed_replicas_keep_values(
 
 @needs_mooncake
 def test_mooncake_master_restart_forgets_every_value_and_recovers(
-    cluster: MooncakeCluster, monkeypatch: pytest.MonkeyPatch
+    cluster: MooncakeCluster, mooncake: KVStore
 ) -> None:
-    s = open_on(monkeypatch, cluster.env())
-    pool = filled(2, MiB, 4)
-    s.register(pool)
+    s = mooncake
+    pool = registered(s, 2, MiB, 4)
     assert all(s.batch_put([(b"before", pool[0], MiB)]))
     cluster.restart_master()
     assert s.exists([b"before"]) == [False]  # no HA: the new master knows no object
@@ -170,7 +172,6 @@ def test_mooncake_master_restart_forgets_every_value_and_recovers(
         assert time.monotonic() < deadline, "no segment came back after the master restart"
         time.sleep(0.5)
     assert s.exists([b"before", b"after"]) == [False, True]
-    s.close()
 
 
 def test_store_config_chain_and_errors(tmp_path: Path) -> None:
