@@ -70,9 +70,13 @@ class MooncakeCluster:
         return f"http://127.0.0.1:{self.http_port}/metadata"
 
     def start(self) -> MooncakeCluster:
-        self.start_master()
-        for _ in range(self.stores):
-            self.add_store()
+        try:
+            self.start_master()
+            for _ in range(self.stores):
+                self.add_store()
+        except BaseException:
+            self.stop()  # leave no master or store process behind
+            raise
         return self
 
     def start_master(self) -> None:
