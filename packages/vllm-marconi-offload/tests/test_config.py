@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import pytest
+from kv_eviction import MarconiPolicy, make_policy, register_policy
+from kv_eviction.lru import LRUPolicy
 from vllm_marconi_offload.config import ConfigError, OffloadConfig
 
 
-def test_defaults_are_single_tier_anonymous_marconi() -> None:
+def test_defaults_are_single_tier_anonymous_auto() -> None:
     config = OffloadConfig.from_extra_config({})
     assert config.cpu_pool_path is None
     assert not config.has_l2
-    assert config.eviction_policy == "marconi"
-    assert config.eviction_options == {"decay": 0.0, "reuse_mode": "linear"}
+    assert config.eviction_policy == "auto"
+    assert config.eviction_options == {}
     assert config.admission_threshold == 1
+
+
+def test_marconi_when_asked_for_is_the_seeds() -> None:
+    config = OffloadConfig.from_extra_config({"eviction_policy": "marconi"})
+    policy = make_policy(config.eviction_policy, **config.eviction_options)
+    assert isinstance(policy, MarconiPolicy)
+    assert (policy.decay, policy.reuse_mode) == (0.0, "linear")
 
 
 def test_seed_quickstart_config_is_accepted() -> None:
@@ -36,10 +45,32 @@ def test_seed_quickstart_config_is_accepted() -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"eviction_policy": "fifo"}, "eviction_policy must be one of ['marconi', 'lru', 'auto']"),
-        ({"eviction_reuse_mode": "square"}, "eviction_reuse_mode must be one of"),
-        ({"eviction_decay": -0.1}, "eviction_decay must be a finite number >= 0.0"),
-        ({"eviction_decay": float("nan")}, "eviction_decay"),
+        (
+            {"eviction_policy": "fifo"},
+            "eviction_policy: eviction policy 'fifo' is unknown; accepted values: auto, ",
+        ),
+        (
+            {"eviction_policy": "marconi", "eviction_reuse_mode": "square"},
+            "eviction_policy / eviction_reuse_mode: option 'reuse_mode' must be one of",
+        ),
+        (
+            {"eviction_policy": "marconi", "eviction_decay": -0.1},
+            "eviction_policy / eviction_decay: option 'decay' must be",
+        ),
+        ({"eviction_policy": "marconi", "eviction_decay": float("nan")}, "eviction_decay"),
+        (
+            {"eviction_decay": 0.1},
+            "eviction_decay: option 'decay' is not accepted by eviction policy 'auto'",
+        ),
+        (
+            {"eviction_options": {"smoothing": 1.5}},
+            "eviction_policy / eviction_options: option 'smoothing' must be a number in [0, 1)",
+        ),
+        ({"eviction_options": [1]}, "eviction_options must be a mapping"),
+        (
+            {"eviction_policy": "marconi", "eviction_decay": 0.1, "eviction_options": {"decay": 0}},
+            "eviction_decay and eviction_options['decay'] both set",
+        ),
         ({"cpu_bytes_to_use": 0}, "cpu_bytes_to_use must be an integer >= 1"),
         ({"cpu_bytes_to_use": "lots"}, "cpu_bytes_to_use must be an integer"),
         ({"cpu_bytes_to_use": 1.5}, "cpu_bytes_to_use must be an integer"),
@@ -58,8 +89,19 @@ def test_bad_values_name_the_key(extra: dict[str, object], message: str) -> None
 
 
 def test_lru_takes_no_marconi_options() -> None:
-    config = OffloadConfig.from_extra_config({"eviction_policy": "lru", "eviction_decay": 0.1})
-    assert config.eviction_options == {}
+    with pytest.raises(ConfigError, match="eviction_decay.*not accepted by eviction policy 'lru'"):
+        OffloadConfig.from_extra_config({"eviction_policy": "lru", "eviction_decay": 0.1})
+
+
+def test_auto_options_are_settable() -> None:
+    config = OffloadConfig.from_extra_config({"eviction_options": {"sample_entries": 512}})
+    assert (config.eviction_policy, config.eviction_options) == ("auto", {"sample_entries": 512})
+
+
+def test_a_newly_registered_policy_needs_no_plugin_edit() -> None:
+    register_policy("test-plugin-lru", LRUPolicy)
+    config = OffloadConfig.from_extra_config({"eviction_policy": "test-plugin-lru"})
+    assert config.eviction_policy == "test-plugin-lru"
 
 
 def test_gpu_data_path_environment_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:

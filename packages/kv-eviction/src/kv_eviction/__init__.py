@@ -12,9 +12,17 @@ from ._version import __version__
 from .admission import AdmissionTracker
 from .auto import AutoPolicy
 from .belady import BeladyPolicy
+from .chainheap import ChainHeapPolicy
 from .lru import LRUPolicy
 from .marconi import REUSE_MODES, MarconiPolicy
-from .policy import EvictionPolicy, PolicyStats, make_policy, policy_names, register_policy
+from .policy import (
+    EvictionPolicy,
+    PolicyStats,
+    make_policy,
+    policy_names,
+    register_policy,
+    validate_policy,
+)
 from .simulator import SimResult, simulate
 from .trace import Request, Trace
 
@@ -23,6 +31,7 @@ __all__ = [
     "AdmissionTracker",
     "AutoPolicy",
     "BeladyPolicy",
+    "ChainHeapPolicy",
     "EvictionPolicy",
     "LRUPolicy",
     "MarconiPolicy",
@@ -35,4 +44,5 @@ __all__ = [
     "policy_names",
     "register_policy",
     "simulate",
+    "validate_policy",
 ]

@@ -57,7 +57,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._chainheap import SEQ_BITS, SLOT_BITS, ChainHeapPolicy
+from .chainheap import SEQ_BITS, SLOT_BITS, ChainHeapPolicy
 from ._ghost import Ghost, probe
 from .marconi import float_order_bits
 from .policy import register_policy, reject_unknown_options

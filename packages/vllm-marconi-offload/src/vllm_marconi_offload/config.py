@@ -11,9 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-EVICTION_POLICIES = ("marconi", "lru", "auto")
-REUSE_MODES = ("linear", "log", "none")
+from kv_eviction import validate_policy
+
 DEFAULT_CPU_BYTES = 8 << 30
+DEFAULT_EVICTION_POLICY = "auto"
+EVICTION_ALIASES = {"eviction_decay": "decay", "eviction_reuse_mode": "reuse_mode"}
+"""The seed's flat keys: aliases of the `marconi` policy's options in `eviction_options`."""
 
 
 class ConfigError(ValueError):
@@ -32,9 +35,9 @@ class OffloadConfig:
     cpu_bytes_to_use: int = DEFAULT_CPU_BYTES
     l2_pool_path: str | None = None
     l2_bytes_to_use: int = 0
-    eviction_policy: str = "marconi"
-    eviction_decay: float = 0.0
-    eviction_reuse_mode: str = "linear"
+    eviction_policy: str = DEFAULT_EVICTION_POLICY
+    eviction_options: Mapping[str, Any] = field(default_factory=dict)
+    """Options of `eviction_policy`, the flat aliases folded in; kv-eviction validated both."""
     admission_threshold: int = 1
     # Log a `[CPU-OFFLOAD HIT]` line every this many finished lookups.
     hit_log_interval: int = 10
@@ -49,12 +52,6 @@ class OffloadConfig:
     @property
     def has_l2(self) -> bool:
         return self.l2_pool_path is not None
-
-    @property
-    def eviction_options(self) -> dict[str, Any]:
-        if self.eviction_policy == "marconi":
-            return {"decay": self.eviction_decay, "reuse_mode": self.eviction_reuse_mode}
-        return {}
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> OffloadConfig:
@@ -73,15 +70,14 @@ class OffloadConfig:
             raise ConfigError("l2_bytes_to_use is set but l2_pool_path is not; set both or neither")
         if l2_pool_path is not None and not l2_bytes:
             raise ConfigError("l2_pool_path is set: l2_bytes_to_use must be a positive byte count")
-        policy = _choice(extra, "eviction_policy", "marconi", EVICTION_POLICIES)
+        policy, options = _eviction(extra)
         return cls(
             cpu_pool_path=cpu_pool_path,
             cpu_bytes_to_use=_int(extra, "cpu_bytes_to_use", DEFAULT_CPU_BYTES, minimum=1),
             l2_pool_path=l2_pool_path,
             l2_bytes_to_use=l2_bytes,
             eviction_policy=policy,
-            eviction_decay=_float(extra, "eviction_decay", 0.0, minimum=0.0),
-            eviction_reuse_mode=_choice(extra, "eviction_reuse_mode", "linear", REUSE_MODES),
+            eviction_options=options,
             admission_threshold=_int(extra, "admission_threshold", 1, minimum=1),
             hit_log_interval=_int(extra, "hit_log_interval", 10, minimum=1),
             l2_read_bytes_per_s=_float(extra, "l2_read_bytes_per_s", 1.5e9, minimum=1.0),
@@ -98,6 +94,7 @@ _KNOWN_KEYS = frozenset(
         "l2_pool_path",
         "l2_bytes_to_use",
         "eviction_policy",
+        "eviction_options",
         "eviction_decay",
         "eviction_reuse_mode",
         "admission_threshold",
@@ -137,11 +134,30 @@ def _float(extra: Mapping[str, Any], key: str, default: float, *, minimum: float
     return number
 
 
-def _choice(extra: Mapping[str, Any], key: str, default: str, accepted: tuple[str, ...]) -> str:
-    value = extra.get(key, default)
-    if value not in accepted:
-        raise ConfigError(f"{key} must be one of {list(accepted)}, got {value!r}")
-    return str(value)
+def _eviction(extra: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """`eviction_policy` and its options (flat aliases folded in), checked by kv-eviction.
+
+    kv-eviction's registry is the one list of policies and options: a policy registered
+    there (`kv_eviction.register_policy`) is configurable here without an edit.
+    """
+    policy = extra.get("eviction_policy", DEFAULT_EVICTION_POLICY)
+    raw = extra.get("eviction_options", {})
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"eviction_options must be a mapping of option names, got {raw!r}")
+    options = dict(raw)
+    keys = ["eviction_policy", *(["eviction_options"] if "eviction_options" in extra else [])]
+    for key, option in EVICTION_ALIASES.items():
+        if key not in extra:
+            continue
+        if option in options:
+            raise ConfigError(f"{key} and eviction_options[{option!r}] both set; set one")
+        options[option] = extra[key]
+        keys.append(key)
+    try:
+        validate_policy(policy, options)
+    except ValueError as exc:
+        raise ConfigError(f"{' / '.join(keys)}: {exc}") from None
+    return str(policy), options
 
 
 def _optional_str(extra: Mapping[str, Any], key: str) -> str | None:

@@ -35,6 +35,8 @@ from collections.abc import Hashable
 
 from .policy import EvictionPolicy, PolicyStats
 
+__all__ = ["SEQ_BITS", "SLOT_BITS", "SLOT_MASK", "ChainHeapPolicy"]
+
 SLOT_BITS = 32
 SLOT_MASK = (1 << SLOT_BITS) - 1
 SEQ_BITS = 64
@@ -58,7 +60,15 @@ _TOMBSTONE = _Marker("<removed parent>")
 
 
 class ChainHeapPolicy(EvictionPolicy):
-    """Base class: subclasses define the priority of a key on insert and on touch."""
+    """Base class of the heap policies; public, so a policy can live outside the package.
+
+    A subclass sets `name`, defines `_grow` (append one slot to its own per-slot arrays)
+    and the priority of a key on insert and on touch: a non-negative int (or negative for
+    keys that go before all others, see above) whose low `SEQ_BITS` are the `seq` passed
+    in; lower is evicted first. It inherits chain consistency, pins, lazy invalidation and
+    the rest of `EvictionPolicy`; `register_policy(name, factory)` makes it available to
+    `make_policy` and so to every configuration that asks `validate_policy`.
+    """
 
     def __init__(self) -> None:
         self._index: dict[Hashable, int] = {}
