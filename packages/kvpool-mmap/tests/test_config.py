@@ -62,12 +62,14 @@ def test_budget_split_over_dp_and_tp(make_config: MakeConfig) -> None:
 
 
 def test_bad_policy_name(make_config: MakeConfig) -> None:
-    with pytest.raises(ConfigError, match="eviction_policy.*'fifo-nonexistent'.*auto, lru"):
+    with pytest.raises(
+        ConfigError, match=r"eviction_policy.*'fifo-nonexistent'.*accepted values: auto, .*lru"
+    ):
         make_config(eviction_policy="fifo-nonexistent")
 
 
 def test_bad_policy_option_named_before_anything_opens(make_config: MakeConfig) -> None:
-    with pytest.raises(ConfigError, match="eviction_options.*'smoothing'.*\\[0, 1\\)"):
+    with pytest.raises(ConfigError, match=r"eviction_options.*'smoothing'.*\[0, 1\)"):
         make_config(eviction_policy="auto", eviction_options={"smoothing": 2.0})
 
 

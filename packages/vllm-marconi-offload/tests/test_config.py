@@ -89,7 +89,7 @@ def test_bad_values_name_the_key(extra: dict[str, object], message: str) -> None
 
 
 def test_lru_takes_no_marconi_options() -> None:
-    with pytest.raises(ConfigError, match="eviction_decay.*not accepted by eviction policy 'lru'"):
+    with pytest.raises(ConfigError, match=r"eviction_decay.*not accepted by eviction policy 'lru'"):
         OffloadConfig.from_extra_config({"eviction_policy": "lru", "eviction_decay": 0.1})
 
 

@@ -12,6 +12,7 @@ from ._version import __version__
 from .admission import AdmissionTracker
 from .auto import AutoPolicy
 from .belady import BeladyPolicy
+from .candidate import RulePolicy
 from .chainheap import ChainHeapPolicy
 from .lru import LRUPolicy
 from .marconi import REUSE_MODES, MarconiPolicy
@@ -37,6 +38,7 @@ __all__ = [
     "MarconiPolicy",
     "PolicyStats",
     "Request",
+    "RulePolicy",
     "SimResult",
     "Trace",
     "__version__",
