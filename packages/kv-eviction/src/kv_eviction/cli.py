@@ -24,6 +24,9 @@ DEFAULT_SWEEP = (
         for mode in ("linear", "log", "none")
         for decay in (0, 0.001, 0.01)
     ),
+    "doorkeeper-lru",
+    "doorkeeper-lfu-decay-1",
+    "probation-lru",
     "auto",
     "belady",
 )
