@@ -9,7 +9,7 @@ from kv_eviction import AutoPolicy, make_policy, simulate
 from kv_eviction.auto import DEFAULT_CANDIDATES, RESCORE_STEP, Candidate, _Shadow
 from kv_eviction.candidate import CandidatePolicy
 from kv_eviction.synthetic import GENERATORS, rag, sessions
-from reference import ReferencePolicy, random_workload
+from reference import SWITCH_EVERY_EPOCH, ReferencePolicy, random_workload
 
 OPS = st.lists(
     st.tuples(
@@ -26,15 +26,7 @@ OPS = st.lists(
 def test_victims_stay_chain_consistent_while_the_rule_switches(
     ops: list[tuple[str, int, int]],
 ) -> None:
-    policy = AutoPolicy(
-        sample_entries=4,
-        min_shadow_keys=1,
-        sample_budget=16.0,
-        min_epoch=8,
-        switch_margin=0.0,
-        switch_sigmas=0.0,
-        confirm_epochs=1,
-    )
+    policy = AutoPolicy(**SWITCH_EVERY_EPOCH)
     ref = ReferencePolicy("lru")  # used for eligibility only
     next_key = 0
     for op, pick, n in ops:
@@ -129,15 +121,7 @@ def test_bad_options(options: dict[str, object], named: str) -> None:
 
 def test_rules_do_switch_under_random_load_and_victims_stay_leaves() -> None:
     """The property test's configuration really switches rules (so it tests switching)."""
-    policy = AutoPolicy(
-        sample_entries=4,
-        min_shadow_keys=1,
-        sample_budget=16.0,
-        min_epoch=8,
-        switch_margin=0.0,
-        switch_sigmas=0.0,
-        confirm_epochs=1,
-    )
+    policy = AutoPolicy(**SWITCH_EVERY_EPOCH)
     random_workload(policy, ReferencePolicy("lru"), steps=3000, seed=0)
     assert policy.switches > 0
 

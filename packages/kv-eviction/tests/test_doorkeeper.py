@@ -10,7 +10,7 @@ from kv_eviction._ghost import Ghost
 from kv_eviction.auto import Candidate, CandidatePolicy
 from kv_eviction.candidate import PROBATION_LRU, RulePolicy
 from kv_eviction.trace import Request, Trace
-from reference import ReferencePolicy, random_workload
+from reference import SWITCH_EVERY_EPOCH, ReferencePolicy, random_workload
 
 DOORKEEPER = Candidate("doorkeeper-lru", reuse="recency", doorkeeper=True)
 LRU = Candidate("lru", reuse="recency")
@@ -108,13 +108,7 @@ def test_auto_switches_to_a_doorkeeper_under_scans_and_beats_lru() -> None:
 def test_victims_stay_leaves_while_doorkeeper_rules_switch_and_keys_return() -> None:
     policy = AutoPolicy(
         candidates=(LRU, DOORKEEPER, Candidate("dk-lfu", decay_per_turnover=1.0, doorkeeper=True)),
-        sample_entries=4,
-        min_shadow_keys=1,
-        sample_budget=16.0,
-        min_epoch=8,
-        switch_margin=0.0,
-        switch_sigmas=0.0,
-        confirm_epochs=1,
+        **SWITCH_EVERY_EPOCH,
     )
     ref = ReferencePolicy("lru")
     random_workload(policy, ref, steps=4000, seed=1, returning_keys=True)

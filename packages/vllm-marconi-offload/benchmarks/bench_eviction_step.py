@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path[:0] = [str(ROOT / "tests-integration"), str(ROOT / "tools")]
 
 import tiny_model  # noqa: E402
-from engine_loop import EngineLoop, _build  # noqa: E402
+from engine_loop import EngineLoop  # noqa: E402
 
 BLOCK = 16
 PROMPT_BLOCKS = 248
@@ -84,7 +84,9 @@ def _prompts(rng: random.Random, count: int, history: list[list[int]]) -> list[l
         if history:
             base = rng.choice(history)
             shared = base[: int(len(base) * rng.random()) // BLOCK * BLOCK]
-        tokens = shared + [rng.randrange(1, 500) for _ in range(PROMPT_BLOCKS * BLOCK - len(shared))]
+        tokens = shared + [
+            rng.randrange(1, 500) for _ in range(PROMPT_BLOCKS * BLOCK - len(shared))
+        ]
         history[:] = [*history[-HISTORY + 1 :], tokens]
         out.append(tokens)
     return out
@@ -112,7 +114,7 @@ def measure(model: str, policy: str, blocks: int, steps: int, seed: int) -> floa
                 loop.generate(_prompts(rng, 8, history), max_tokens=1)
             costs: list[float] = []
             while len(costs) < steps:
-                batch = _submit(loop, _prompts(rng, 8, history))
+                batch = loop.submit(_prompts(rng, 8, history), max_tokens=1)
                 finished = 0
                 while finished < len(batch):
                     loop.seconds = 0.0
@@ -121,30 +123,6 @@ def measure(model: str, policy: str, blocks: int, steps: int, seed: int) -> floa
         finally:
             loop.shutdown()
     return statistics.median(costs)
-
-
-def _submit(loop: TimedLoop, prompts: list[list[int]]) -> list[str]:
-    from vllm import SamplingParams
-    from vllm.v1.request import Request
-
-    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    ids = []
-    for tokens in prompts:
-        loop._ids += 1
-        req_id = f"req-{loop._ids}"
-        request = _build(
-            Request,
-            request_id=req_id,
-            prompt_token_ids=tokens,
-            sampling_params=params,
-            pooling_params=None,
-            eos_token_id=None,
-            block_hasher=loop._hasher,
-        )
-        loop._requests[req_id] = request
-        loop.scheduler.add_request(request)
-        ids.append(req_id)
-    return ids
 
 
 def main() -> None:
