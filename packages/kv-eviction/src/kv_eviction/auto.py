@@ -79,17 +79,15 @@ _MASK64 = (1 << 64) - 1
 
 DEFAULT_CANDIDATES: tuple[Candidate, ...] = (
     LRU,
-    Candidate("lfu-decay-0.25", reuse="linear", decay_per_turnover=0.25),
     Candidate("lfu-decay-1", reuse="linear", decay_per_turnover=1.0),
     Candidate("lfu-decay-4", reuse="linear", decay_per_turnover=4.0),
-    Candidate("marconi-decay-0.25", reuse="linear", depth_weight=1.0, decay_per_turnover=0.25),
     Candidate("marconi-decay-1", reuse="linear", depth_weight=1.0, decay_per_turnover=1.0),
-    Candidate("marconi-decay-4", reuse="linear", depth_weight=1.0, decay_per_turnover=4.0),
-    Candidate("log-decay-1", reuse="log", decay_per_turnover=1.0),
     DOORKEEPER_LRU,
     DOORKEEPER_LFU,
     PROBATION_LRU,
 )
+"""Seven rules: every shadow costs a share of the sampling budget, so near-duplicates of
+these (decays 0.25, log reuse, Marconi with decay 4) were dropped."""
 
 
 class _Shadow:
@@ -241,7 +239,7 @@ class AutoPolicy(CandidatePolicy):
         *,
         candidates: Sequence[Candidate] = DEFAULT_CANDIDATES,
         sample_entries: int = 2048,
-        sample_budget: float = 1.0,
+        sample_budget: float = 0.5,
         min_epoch: int = 4096,
         switch_margin: float = 0.02,
         switch_sigmas: float = 2.0,
@@ -417,8 +415,10 @@ class AutoPolicy(CandidatePolicy):
     def _resize(self, capacity: int) -> None:
         self._set_shift(capacity)
         self._epoch_length = max(int(capacity * EPOCH_TURNOVERS), self.min_epoch)
-        if self.current.reuse == "recency":
-            self.capacity = capacity  # LRU keys do not depend on the capacity
+        if self.current.reuse == "recency" or self.capacity:
+            # LRU keys do not depend on the capacity; after the first reading, keys keep
+            # the decay of the old capacity until touched (at most 25% off), no O(n) pass
+            self.capacity = capacity
         else:
             self.start_rescore(self.current, capacity)
         if self.ghost is not None:
@@ -508,7 +508,7 @@ def _build(**options: Any) -> AutoPolicy:
     sigmas = options.get("switch_sigmas", 0.0)
     if isinstance(sigmas, bool) or not isinstance(sigmas, int | float) or not sigmas >= 0:
         raise ValueError(f"option 'switch_sigmas' must be a number >= 0; got {sigmas!r}")
-    budget = options.get("sample_budget", 1.0)
+    budget = options.get("sample_budget", 0.5)
     if isinstance(budget, bool) or not isinstance(budget, int | float) or not budget > 0:
         raise ValueError(f"option 'sample_budget' must be a number > 0; got {budget!r}")
     for name in ("switch_margin", "smoothing"):

@@ -172,6 +172,8 @@ class CandidatePolicy(ChainHeapPolicy):
         self._uses[slot] = 1
         self._depth[slot] = depth
         self._last[slot] = self.clock
+        if self.candidate.reuse == "recency" and not self._first_time[slot]:
+            return seq  # LRU keys are the sequence number
         return self._priority(slot, seq)
 
     def _priority_on_touch(self, slot: int, seq: int) -> int:
@@ -208,8 +210,9 @@ class RulePolicy(CandidatePolicy):
     """One `Candidate` rule held fixed, as a policy of its own.
 
     Like `auto` it reads the capacity as the number of tracked keys when `pop_victims`
-    is called and re-reads it when that number moves by more than 25%; a rule whose keys
-    depend on the capacity (a decay) then re-keys every tracked key once, in that call.
+    is called and re-reads it when that number moves by more than 25%; at the first
+    reading a rule whose keys depend on the capacity (a decay) re-keys every tracked key,
+    once, in that call.
     """
 
     def __init__(self, candidate: Candidate) -> None:
@@ -219,10 +222,12 @@ class RulePolicy(CandidatePolicy):
     def pop_victims(self, n: int) -> list[Hashable]:
         size = len(self)
         if size > self.capacity * 1.25 or size < self.capacity * 0.8:
-            if self.candidate.reuse == "recency":
-                self.capacity = size  # LRU keys do not depend on the capacity
+            if self.candidate.reuse == "recency" or self.capacity:
+                # LRU keys do not depend on the capacity; after the first reading, keys
+                # keep the old capacity's decay until touched (at most 25% off)
+                self.capacity = size
             else:
-                self.rescore(self.candidate, size)
+                self.rescore(self.candidate, size)  # once: the keys so far had no capacity
             if self.candidate.doorkeeper:
                 self.set_ghost(size)
         return super().pop_victims(n)
