@@ -17,7 +17,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from . import compat
-from .config import OffloadConfig
+from .config import OffloadConfig, user_keys
 from .cost import LoadCostModel
 from .keys import restart_hash_problem
 from .layout import SlotLayout
@@ -26,7 +26,13 @@ from .metadata import OffloadMetadata, WorkerReport
 from .metrics import OffloadPromMetrics, OffloadStats
 from .pool import adopt_physical_layout, build_store_config, unlink_anonymous_l1
 from .scheduler import OffloadScheduler
-from .stats import eviction_line, store_counters
+from .stats import (
+    ReportedStats,
+    eviction_line,
+    occupancy,
+    recovery_line,
+    store_counters,
+)
 from .worker import OffloadWorker
 
 
@@ -52,11 +58,14 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
         store_config = build_store_config(vllm_config, self._config, self._layout, self._block_size)
         self._scheduler: OffloadScheduler | None = None
         self._worker: OffloadWorker | None = None
-        self._stats_reported: dict[str, int] = {}
+        self._reported = ReportedStats()
         self._hit_lines_logged = 0
         self._store: TieredStore | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._store = TieredStore(adopt_physical_layout(store_config), create_l1=False)
+            with user_keys():
+                self._store = TieredStore(adopt_physical_layout(store_config), create_l1=False)
+            if store_config.l2 is not None:
+                logger.info(recovery_line(self._store.recovery, store_config.l2.path))
             if self._config.cpu_pool_path is None:
                 unlink_anonymous_l1(store_config)
             self._scheduler = OffloadScheduler(
@@ -195,10 +204,13 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
     def get_kv_connector_stats(self) -> OffloadStats | None:
         if self._scheduler is None or self._store is None:
             return None
-        now = {**self._scheduler.counters.as_dict(), **store_counters(self._store.stats())}
-        delta = {key: value - self._stats_reported.get(key, 0) for key, value in now.items()}
-        self._stats_reported.update(now)
-        stats = OffloadStats(data={k: v for k, v in delta.items() if v})
+        store_stats = self._store.stats()
+        data: dict[str, Any] = self._reported.changes(
+            counters={**self._scheduler.counters.as_dict(), **store_counters(store_stats)},
+            gauges=occupancy(store_stats, self._store.config),
+        )
+        data.update(self._scheduler.timer.take())
+        stats = OffloadStats(data=data)
         return None if stats.is_empty() else stats
 
     @classmethod

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import asdict, dataclass, field
 
-from kvpool_mmap import StoreStats
+from kvpool_mmap import RecoveryReport, StoreConfig, StoreStats
 
 
 @dataclass
@@ -86,3 +88,75 @@ def eviction_line(stats: StoreStats) -> str:
         f"promotes={stats.promotions} hoisted={stats.l1_evictions} "
         f"checksum_failures={stats.checksum_failures} not_stored={stats.store_no_space}"
     )
+
+
+def occupancy(stats: StoreStats, config: StoreConfig) -> dict[str, int]:
+    """Blocks and bytes held and available per tier (a block spans every TP rank's slot)."""
+    block_bytes = config.stride * config.tp_size
+    return {
+        "l1_used_blocks": stats.l1_used,
+        "l1_used_bytes": stats.l1_used * block_bytes,
+        "l1_capacity_blocks": stats.l1_slots,
+        "l1_capacity_bytes": stats.l1_slots * block_bytes,
+        "l2_used_blocks": stats.l2_used,
+        "l2_used_bytes": stats.l2_used * block_bytes,
+        "l2_capacity_blocks": stats.l2_slots,
+        "l2_capacity_bytes": stats.l2_slots * block_bytes,
+    }
+
+
+def recovery_line(report: RecoveryReport, l2_path: object) -> str:
+    """The startup line saying what the L2 pool kept from the previous run, and why not more."""
+    dropped = report.corrupt_headers + report.incomplete + report.duplicates + report.bad_payloads
+    return (
+        f"L2 recovery: {len(report.blocks)} blocks recovered from {l2_path}, {dropped} dropped "
+        f"(torn_headers={report.corrupt_headers} incomplete_across_ranks={report.incomplete} "
+        f"older_duplicates={report.duplicates} bad_checksums={report.bad_payloads}); "
+        f"rank files wiped for another model/layout: {report.wiped_files}"
+    )
+
+
+@dataclass
+class TransferTimer:
+    """Seconds from a transfer's start to its completion, for `load` and `store`; the
+    durations wait in `samples` until `take` hands them to the metrics."""
+
+    clock: Callable[[], float] = time.monotonic
+    samples: dict[str, list[float]] = field(default_factory=lambda: {"load": [], "store": []})
+    _started: dict[tuple[str, Hashable], float] = field(default_factory=dict)
+
+    def start(self, kind: str, job: Hashable) -> None:
+        self._started[(kind, job)] = self.clock()
+
+    def finish(self, kind: str, job: Hashable) -> None:
+        """Record the duration of a started transfer; no-op for one not started."""
+        started = self._started.pop((kind, job), None)
+        if started is not None:
+            self.samples[kind].append(self.clock() - started)
+
+    def forget(self, kind: str, job: Hashable) -> None:
+        """Drop a transfer that will not complete (its request finished or was aborted)."""
+        self._started.pop((kind, job), None)
+
+    def take(self) -> dict[str, list[float]]:
+        """The durations recorded since the last call, by kind (`load_seconds`, ...)."""
+        taken = {f"{kind}_seconds": values for kind, values in self.samples.items() if values}
+        self.samples = {kind: [] for kind in self.samples}
+        return taken
+
+
+@dataclass
+class ReportedStats:
+    """What the last report said, so the next one sends only what changed."""
+
+    counters: dict[str, int] = field(default_factory=dict)
+    gauges: dict[str, int] = field(default_factory=dict)
+
+    def changes(self, counters: dict[str, int], gauges: dict[str, int]) -> dict[str, int]:
+        """Counter increments and gauge values that differ from the last report."""
+        data = {k: v - self.counters.get(k, 0) for k, v in counters.items()}
+        data = {k: v for k, v in data.items() if v}
+        data.update({k: v for k, v in gauges.items() if self.gauges.get(k) != v})
+        self.counters.update(counters)
+        self.gauges.update(gauges)
+        return data
