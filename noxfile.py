@@ -96,7 +96,7 @@ def tests(session: nox.Session, package: str) -> None:
 
 @nox.session(name="bench-eviction")
 def bench_eviction(session: nox.Session) -> None:
-    """Eviction policy ops/s at 1e5, 1e6 and 1e7 entries; bytes per tracked entry."""
+    """Eviction policy ops/s at 1e3 to 1e7 entries; bytes per tracked entry."""
     install_package(session, "kv-eviction", extra=None)
     session.run("python", "-m", "kv_eviction.bench", *session.posargs)
 
@@ -123,6 +123,18 @@ def stress_kvpool(session: nox.Session) -> None:
     args = session.posargs or ["--iterations", "500"]
     session.run("python", "-m", "kvpool_mmap.stress", *args)
     session.run("python", "-m", "kvpool_mmap.stress", "--spawn", "--iterations", "100")
+
+
+@nox.session(name="fuzz-memkv")
+def fuzz_memkv(session: nox.Session) -> None:
+    """memkv-client hostile-client suite at full scale (raw frames, replays, floods,
+    slowloris, fd exhaustion under ulimit -n 256, RSS under value floods); prints figures.
+
+    A short version of the same file runs in CI inside the memkv-client unit tests."""
+    install_package(session, "memkv-client")
+    tests = PACKAGES["memkv-client"] / "tests"
+    env = {"MEMKV_HOSTILE_SCALE": "full"}
+    session.run("pytest", "-s", "-q", str(tests / "test_hostile.py"), *session.posargs, env=env)
 
 
 @nox.session(name="bench-memkv")
