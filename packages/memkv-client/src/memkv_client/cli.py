@@ -45,9 +45,11 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _topo(args: argparse.Namespace) -> int:
-    from .topology import affinity_table
+    from .topology import affinity_table, choice_table
 
     print(affinity_table(args.sysfs))
+    print("\nRDMA NIC per GPU (MEMKV_RDMA_DEVICES narrows the candidates):")
+    print(choice_table(args.sysfs))
     return 0
 
 
@@ -68,7 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     st.set_defaults(func=_stats)
     net = sub.add_parser("net", help="network tools")
     netsub = net.add_subparsers(dest="net_command", required=True)
-    topo = netsub.add_parser("topo", help="print the GPU<->NIC PCIe affinity table")
+    topo = netsub.add_parser(
+        "topo", help="print the GPU<->NIC PCIe affinity table and each GPU's RDMA NIC"
+    )
     topo.add_argument("--sysfs", default="/sys", help=argparse.SUPPRESS)
     topo.set_defaults(func=_topo)
     args = ap.parse_args(argv)

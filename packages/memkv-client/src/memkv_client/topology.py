@@ -10,21 +10,31 @@ paths (``/sys/devices/pci0000:00/0000:00:01.0/...``):
 * ``PHB``: through the PCIe host bridge of one root complex;
 * ``NODE``: different root complexes on one NUMA node;
 * ``SYS``: across NUMA nodes; ``UNKNOWN`` when sysfs does not say.
+
+:func:`choose_nic` is what a rank uses at startup: the NIC on its own GPU's PCIe switch,
+among the candidates ``MEMKV_RDMA_DEVICES`` leaves (all NICs with an active port when it
+is unset); ``memkv net topo`` prints every GPU's choice.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
     "LEVELS",
+    "NicChoice",
     "PciDevice",
     "affinity_table",
+    "choice_table",
+    "choose_nic",
     "host_has_nic_per_gpu",
+    "link_layer",
     "list_gpus",
     "list_nics",
+    "physical_gpu",
     "rdma_affinity",
     "select_rail",
 ]
@@ -162,4 +172,89 @@ def affinity_table(sysfs: str | Path = "/sys") -> str:
     for i, g in enumerate(gpus):
         cells = "".join(level(g, n).ljust(width) for n in nics)
         lines.append(f"GPU{i} {g.bdf}".ljust(18) + cells + (select_rail(i, None, sysfs) or "-"))
+    lines.append("".ljust(18) + "".join(link_layer(n.name, sysfs).ljust(width) for n in nics))
     return "\n".join(lines)
+
+
+def choice_table(sysfs: str | Path = "/sys", env: Mapping[str, str] | None = None) -> str:
+    """One line per GPU: the NIC :func:`choose_nic` gives it (``memkv net topo``)."""
+    gpus = list_gpus(sysfs)
+    lines = [f"GPU{i} -> {choose_nic(i, sysfs, env).describe()}" for i in range(len(gpus))]
+    return "\n".join(lines) or f"no GPU: {choose_nic(None, sysfs, env).describe()}"
+
+
+@dataclass(frozen=True)
+class NicChoice:
+    """The NIC one rank drives its RDMA through, and why."""
+
+    gpu: int | None  # the physical GPU number (PCI bus order), None without one
+    nic: str | None  # None: no candidate (Mooncake/pyverbs then pick themselves)
+    level: str  # nvidia-smi topo level between the GPU and the NIC ("-" without a GPU)
+    candidates: tuple[str, ...]
+    reason: str
+
+    def describe(self) -> str:
+        pick = self.nic or "none"
+        return (
+            f"{pick} ({self.level}; {self.reason}; candidates: {', '.join(self.candidates) or '-'})"
+        )
+
+
+def _port_active(sysfs: Path, nic: str) -> bool:
+    """False only when sysfs says no port of the NIC is ACTIVE."""
+    ports = sysfs / "class" / "infiniband" / nic / "ports"
+    states = [_read(p / "state") for p in sorted(ports.glob("*"))] if ports.is_dir() else []
+    states = [s for s in states if s]
+    return not states or any("ACTIVE" in s for s in states)
+
+
+def link_layer(nic: str, sysfs: str | Path = "/sys") -> str:
+    """``InfiniBand`` / ``Ethernet`` (RoCE) of the NIC's first port, ``?`` if unknown."""
+    ports = Path(sysfs) / "class" / "infiniband" / nic / "ports"
+    layers = [_read(p / "link_layer") for p in sorted(ports.glob("*"))] if ports.is_dir() else []
+    return next((x for x in layers if x), "?")
+
+
+def physical_gpu(index: int, env: Mapping[str, str] | None = None) -> int:
+    """The PCI-order GPU behind CUDA device ``index`` (``CUDA_VISIBLE_DEVICES`` renumbers)."""
+    visible = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES", "")
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    if ids and all(v.isdigit() for v in ids) and 0 <= index < len(ids):
+        return int(ids[index])
+    return index
+
+
+def choose_nic(
+    gpu: int | None, sysfs: str | Path = "/sys", env: Mapping[str, str] | None = None
+) -> NicChoice:
+    """The NIC GPU ``gpu`` (CUDA index) should drive RDMA through.
+
+    Candidates are the NICs named in ``MEMKV_RDMA_DEVICES`` (comma-separated; use it to
+    drop NICs of another fabric), else every NIC whose port is active. The closest one
+    wins (``PIX``: on the GPU's own PCIe switch); equally close NICs are spread over GPUs
+    by GPU number, so ranks that share no switch with a NIC do not all pile onto one.
+    """
+    env = os.environ if env is None else env
+    named = [d.strip() for d in env.get("MEMKV_RDMA_DEVICES", "").split(",") if d.strip()]
+    root = Path(sysfs)
+    nics = list_nics(root, named or None)
+    if not named:
+        nics = [n for n in nics if _port_active(root, n.name)]
+    names = tuple(n.name for n in nics)
+    source = "MEMKV_RDMA_DEVICES" if named else "NICs with an active port"
+    if not nics:
+        return NicChoice(None if gpu is None else physical_gpu(gpu, env), None, "-", names,
+                         f"no RDMA NIC among {source}")  # fmt: skip
+    if gpu is None:
+        return NicChoice(None, nics[0].name, "-", names, f"no GPU; first of {source}")
+    physical = physical_gpu(gpu, env)
+    gpus = list_gpus(root)
+    if not 0 <= physical < len(gpus):
+        return NicChoice(physical, nics[0].name, "UNKNOWN", names,
+                         f"GPU {physical} not in sysfs; first of {source}")  # fmt: skip
+    ranked = sorted((LEVELS.index(level(gpus[physical], n)), n.name) for n in nics)
+    best = [name for rank, name in ranked if rank == ranked[0][0]]
+    pick = best[physical % len(best)]
+    lv = LEVELS[ranked[0][0]]
+    why = "on the GPU's PCIe switch" if lv == "PIX" else "closest; no NIC on the GPU's switch"
+    return NicChoice(physical, pick, lv, names, f"{why}, from {source}")

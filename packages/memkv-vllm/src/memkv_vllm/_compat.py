@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import os
 from collections.abc import Collection
 from typing import Any
@@ -53,6 +54,7 @@ __all__ = [
     "new_stats",
     "offloading_connector_cls",
     "vllm_version",
+    "warn_if_hashes_differ_per_process",
 ]
 
 LookupResult = _base.LookupResult
@@ -210,3 +212,15 @@ def hash_seed_problem() -> str | None:
     if algo is not None and algo.startswith("xxhash"):
         return f"prefix_caching_hash_algo={algo} seeds block hashes per process"
     return None
+
+
+def warn_if_hashes_differ_per_process() -> None:
+    """One startup warning when this vLLM would hash blocks differently per process."""
+    problem = hash_seed_problem()
+    if problem:
+        logging.getLogger("vllm.memkv_vllm").warning(
+            "memkv-vllm: %s and PYTHONHASHSEED is unset: instances will never share KV "
+            "through the store (and a restarted instance will not find its own). Set "
+            "PYTHONHASHSEED (e.g. 0) to the same value on every instance.",
+            problem,
+        )

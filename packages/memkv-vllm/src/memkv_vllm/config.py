@@ -62,7 +62,8 @@ def _build(cls: Any, where: str, data: Mapping[str, Any], ignore: frozenset[str]
 class TierConfig:
     """Keys of a ``{"type": "memkv", ...}`` entry in ``secondary_tiers``.
 
-    MemKV connection settings are not here: they come from ``MEMKV_CONFIG`` / ``MEMKV_*``.
+    The store keys (``backend``, ``mooncake_*``) are :class:`~.store_config.StoreConfig`'s;
+    MemKV connection settings come from ``MEMKV_CONFIG`` / ``MEMKV_*``.
     """
 
     prefix: str = "memkv-vllm"
@@ -103,7 +104,10 @@ class TierConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TierConfig:
         """Validate a tier entry; raises :class:`ConfigError` naming the offending key."""
-        cfg: TierConfig = _build(cls, "secondary_tiers[memkv]", data, cls.VLLM_KEYS)
+        from .store_config import store_keys
+
+        ignore = cls.VLLM_KEYS | store_keys("")
+        cfg: TierConfig = _build(cls, "secondary_tiers[memkv]", data, ignore)
         if not cfg.prefix or cfg.prefix.startswith("/"):
             raise ConfigError(
                 "secondary_tiers[memkv]", "prefix", f"got {cfg.prefix!r}; accepted: a "
@@ -151,7 +155,10 @@ class DirectConfig:
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any]) -> DirectConfig:
         """Pick and validate the ``memkv_*`` keys (other keys belong to vLLM)."""
-        ours = {k: v for k, v in extra.items() if k.startswith("memkv_")}
+        from .store_config import store_keys
+
+        store = store_keys("memkv_")
+        ours = {k: v for k, v in extra.items() if k.startswith("memkv_") and k not in store}
         cfg: DirectConfig = _build(cls, "kv_connector_extra_config", ours, frozenset())
         if cfg.memkv_scratch_medium not in SCRATCH_MEDIA:
             raise ConfigError(

@@ -16,11 +16,13 @@ from collections.abc import Collection, Iterable
 from typing import Any
 
 from . import _compat as c
-from ._client import connect, warn_if_hashes_differ_per_process
+from ._compat import warn_if_hashes_differ_per_process
 from .load_errors import current as current_load_errors
 from .lookup import Answer, BatchedLookup
 from .metrics import LOOKUP_ROUNDS, TierMetrics
 from .naming import direct_key, prefix_differences, publish_key, split_prefix_record
+from .store import KVStore, open_store
+from .store_config import StoreConfig
 
 __all__ = ["MemKVDirectManager", "adopt_prefix"]
 
@@ -32,14 +34,14 @@ _RESULT = {
 }
 
 
-def adopt_prefix(client: Any, engine_id: str, world_size: int, timeout: float) -> bytes:
+def adopt_prefix(store: KVStore, engine_id: str, world_size: int, timeout: float) -> bytes:
     """Read every worker's published key prefix; fail unless all ranks agree."""
     deadline = time.monotonic() + timeout
     found: dict[int, bytes] = {}
     while True:
         for rank in range(world_size):
             if rank not in found:
-                value = client.get(publish_key(engine_id, rank))
+                value = store.get_record(publish_key(engine_id, rank))
                 if value is not None:
                     found[rank] = value
         if len(found) == world_size or time.monotonic() > deadline:
@@ -50,7 +52,7 @@ def adopt_prefix(client: Any, engine_id: str, world_size: int, timeout: float) -
         raise RuntimeError(
             f"memkv-vllm: worker rank(s) {missing} published no key prefix under "
             f"{publish_key(engine_id, missing[0])!r} within {timeout:g}s "
-            "(memkv_publish_timeout_s); check that every node reaches the same MemKV servers"
+            "(memkv_publish_timeout_s); check that every node reaches the same store"
         )
     prefixes = {rank: split_prefix_record(record)[0] for rank, record in found.items()}
     if len(set(prefixes.values())) != 1:
@@ -58,11 +60,10 @@ def adopt_prefix(client: Any, engine_id: str, world_size: int, timeout: float) -
             "memkv-vllm: worker ranks key KV blocks differently (model, weights, dtype or "
             f"KV layout differ between ranks): {prefix_differences(found)}"
         )
-    for rank in range(world_size):
-        try:
-            client.delete(publish_key(engine_id, rank))
-        except Exception as exc:  # the record is small and harmless
-            log.debug("memkv-vllm: could not delete the prefix record: %s", exc)
+    try:
+        store.delete([publish_key(engine_id, rank) for rank in range(world_size)])
+    except Exception as exc:  # the records are small and harmless
+        log.debug("memkv-vllm: could not delete the prefix records: %s", exc)
     return prefixes[0]
 
 
@@ -70,13 +71,14 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
     def __init__(self, spec: Any) -> None:
         cfg = spec.cfg
         warn_if_hashes_differ_per_process()
-        self._client = connect(True, "direct scheduler")
+        store_config = StoreConfig.resolve(spec.extra_config, "kv_connector_extra_config", "memkv_")
+        self._kv = open_store(store_config, True, "direct scheduler")
         self._ranks = range(spec.config.parallel.world_size)
         self.prefix = adopt_prefix(
-            self._client, spec.config.engine_id, len(self._ranks), cfg.memkv_publish_timeout_s
+            self._kv, spec.config.engine_id, len(self._ranks), cfg.memkv_publish_timeout_s
         )
         self._lookup = BatchedLookup(
-            self._client.exists,
+            self._kv.exists,
             hit_ttl=cfg.memkv_lookup_hit_ttl,
             miss_ttl=cfg.memkv_lookup_miss_ttl,
             timeout=cfg.memkv_lookup_timeout_s,
@@ -86,7 +88,8 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
             load_errors.on_scheduler_failure(self._lookup.forget)
         self._metrics = TierMetrics()
         self._rounds_reported = 0
-        log.info("memkv-vllm: direct offload, key prefix %s", self.prefix.hex())
+        log.info("memkv-vllm: direct offload on %s, key prefix %s", self._kv.describe(),
+                 self.prefix.hex())  # fmt: skip
 
     def _names(self, key: bytes) -> list[bytes]:
         return [direct_key(self.prefix, r, key) for r in self._ranks]
@@ -147,4 +150,4 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
 
     def shutdown(self) -> None:
         self._lookup.close()
-        self._client.close()
+        self._kv.close()

@@ -23,10 +23,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import _compat as c
-from ._client import connect
 from .jobs import JobOutcome, JobRunner
 from .load_errors import current as current_load_errors
 from .naming import direct_key, prefix_record, publish_key, split_prefix_record
+from .store import open_store
+from .store_config import StoreConfig
 from .weights import weights_fingerprint
 
 __all__ = ["MemKVDirectWorker", "choose_scratch_medium"]
@@ -47,10 +48,10 @@ def choose_scratch_medium(setting: str, device: Any, has_rdma: bool) -> str:
             log.warning("memkv-vllm: memkv_scratch_medium=gpu needs a CUDA device; using host")
         return "host"
     if setting == "auto":
-        from memkv_client import rdma_affinity
+        from memkv_client.topology import choose_nic
 
-        ranked = rdma_affinity(device.index or 0)
-        setting = "gpu" if has_rdma and ranked and ranked[0][1] == "PIX" else "host"
+        local = choose_nic(device.index or 0).level == "PIX"  # a NIC on the GPU's switch
+        setting = "gpu" if has_rdma and local else "host"
     if setting == "gpu":
         # memkv-client moves host memory only (no device-memory registration yet)
         log.warning(
@@ -69,7 +70,6 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         config = spec.config
         self.rank = int(config.parallel.rank)
         self._cfg = cfg
-        self._client = connect(False, f"direct worker rank {self.rank}")
         self._tensors: list[Any] = []
         for t in kv_caches.tensors:
             tensor = t.tensor if t.tensor.dim() == 2 else t.tensor.reshape(t.tensor.shape[0], -1)
@@ -84,10 +84,16 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         self._slot = max(self._value_bytes)
         budget = cfg.memkv_scratch_mb_per_thread << 20
         self._blocks_per_op = max(1, min(MAX_BLOCKS_PER_OP, budget // self._slot))
-        self.medium = choose_scratch_medium(
-            cfg.memkv_scratch_medium, self._tensors[0].device, self._client.has_rdma()
+        device = self._tensors[0].device
+        self._kv = open_store(
+            StoreConfig.resolve(spec.extra_config, "kv_connector_extra_config", "memkv_"),
+            False,
+            f"direct worker rank {self.rank}",
+            gpu=device.index if device.type == "cuda" else None,
         )
-        if not self._client.has_rdma():
+        has_rdma = self._kv.has_rdma
+        self.medium = choose_scratch_medium(cfg.memkv_scratch_medium, device, has_rdma)
+        if not has_rdma:
             log.warning(
                 "memkv-vllm: no RDMA on this host; direct offload moves KV over TCP from "
                 "host scratch (works, but slower than GPUDirect RDMA)"
@@ -106,7 +112,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         }
         record = prefix_record(ident, weights_fingerprint(config.model.name), cfg.memkv_spec_prefix)
         self.prefix, _ = split_prefix_record(record)
-        self._client.put(publish_key(config.engine_id, self.rank), record)
+        self._kv.put_record(publish_key(config.engine_id, self.rank), record)
         n = cfg.memkv_num_threads
         self._jobs = JobRunner(n, n, max_backlog_bytes=1 << 62)
         self._local = threading.local()
@@ -133,6 +139,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
 
             scratch = torch.empty((self._blocks_per_op, self._slot), dtype=torch.int8)
             self._local.scratch = (scratch, scratch.numpy())
+            self._kv.register(self._local.scratch[1])  # zero-copy where the store can
             scratch = self._local.scratch
         return scratch
 
@@ -159,7 +166,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
                     scratch[slot, offset : offset + size].copy_(self._tensors[tidx][block, :size])
                     offset += size
                 items.append((name, raw[slot], offset))
-            for (_, _, n), result in zip(items, self._client.batch_put_views(items), strict=True):
+            for (_, _, n), result in zip(items, self._kv.batch_put(items), strict=True):
                 if result.ok:
                     sent += n
                 else:
@@ -179,10 +186,10 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
                 (plan[i][0], raw[slot], self._value_bytes[plan[i][1]])
                 for slot, i in enumerate(part)
             ]
-            results = self._client.batch_get_into(items)
+            results = self._kv.batch_get_into(items)
             for slot, i in enumerate(part):
                 name, group, block = plan[i]
-                if not results[slot].ok:
+                if not results[slot]:
                     missing.append(name)
                     failed_blocks.append(block)
                     continue
@@ -245,4 +252,4 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
     def shutdown(self) -> None:
         self._jobs.drain(timeout=30)
         self._jobs.shutdown()
-        self._client.close()
+        self._kv.close()

@@ -116,6 +116,6 @@ def direct_key(prefix: bytes, rank: int, offload_key: bytes) -> bytes:
     return prefix + rank.to_bytes(2, "big") + offload_key
 
 
-def publish_key(engine_id: str, rank: int) -> str:
+def publish_key(engine_id: str, rank: int) -> bytes:
     """Where worker ``rank`` of engine ``engine_id`` publishes its key prefix."""
-    return f"memkv-vllm/publish/{engine_id}/r{rank}"
+    return f"memkv-vllm/publish/{engine_id}/r{rank}".encode()

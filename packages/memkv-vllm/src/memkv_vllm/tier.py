@@ -1,9 +1,10 @@
-"""``MemKVTierManager``: MemKV as a secondary tier of vLLM's ``TieringOffloadingSpec``.
+"""``MemKVTierManager``: a shared store as a secondary tier of vLLM's ``TieringOffloadingSpec``.
 
 Runs in the scheduler (EngineCore) process. vLLM keeps the CPU pool as the primary tier;
 this tier sees one value per (block hash, KV cache group): the full CPU-pool row of the
 chunk (every TP rank's bytes, ``stride`` bytes). Stores and loads read and write the
-pool's rows in place through ``batch_put_views`` / ``batch_get_into``.
+pool's rows in place through the store interface (:mod:`~.store`: MemKV or Mooncake
+Store, chosen by :class:`~.store_config.StoreConfig`).
 
 Every vLLM-facing method is a short delegation: lookups to :class:`~.lookup.BatchedLookup`,
 transfers to :class:`~.jobs.JobRunner`, names to :class:`~.naming.TierNamer`.
@@ -19,7 +20,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from . import _compat as c
-from ._client import connect, warn_if_hashes_differ_per_process
 from .config import TierConfig
 from .jobs import JobOutcome, JobRunner
 from .lookup import Answer, BatchedLookup
@@ -35,6 +35,8 @@ from .metrics import (
     metric_definitions,
 )
 from .naming import TierNamer
+from .store import open_store
+from .store_config import StoreConfig, store_keys
 from .weights import weights_fingerprint
 
 __all__ = ["MemKVTierManager", "memkv"]
@@ -72,6 +74,9 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
     ) -> None:
         c.init_tier_base(self, offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.cfg = TierConfig.from_dict(tier_config)
+        store_config = StoreConfig.resolve(
+            {k: v for k, v in tier_config.items() if k in store_keys("")}, "secondary_tiers[memkv]"
+        )
         if tier_config.get("locality") is None and c.LOCALITY_REMOTE is not None:
             self.locality = c.LOCALITY_REMOTE
         self._rows = np.asarray(primary_kv_view)  # zero-copy: the mmap'd CPU pool
@@ -82,10 +87,11 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
         self._namer = TierNamer(
             c.make_file_mapper(self.cfg.prefix, offloading_spec), self.fingerprint
         )
-        warn_if_hashes_differ_per_process()
-        self._client = connect(self.cfg.probe_servers, "tier")
+        c.warn_if_hashes_differ_per_process()
+        self._kv = open_store(store_config, self.cfg.probe_servers, "tier")
+        self._kv.register(self._rows)  # the CPU pool: zero-copy transfers where possible
         self._lookup = BatchedLookup(
-            self._client.exists,
+            self._kv.exists,
             hit_ttl=self.cfg.lookup_hit_ttl_s,
             miss_ttl=self.cfg.lookup_miss_ttl_s,
             timeout=self.cfg.lookup_timeout_s,
@@ -97,8 +103,8 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
         self._rounds_reported = 0
         self._write_config_record(offloading_spec)
         log.info(
-            "memkv-vllm: tier ready: %d-byte values under %s (vLLM %s)",
-            self._row_bytes, self._namer.run_folder, c.vllm_version(),
+            "memkv-vllm: tier ready: %d-byte values under %s on %s (vLLM %s)",
+            self._row_bytes, self._namer.run_folder, self._kv.describe(), c.vllm_version(),
         )  # fmt: skip
 
     def _write_config_record(self, spec: Any) -> None:
@@ -109,7 +115,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
             "vllm": c.vllm_version(),
         }
         try:
-            self._client.put(self._namer.config_record_name(), json.dumps(record).encode())
+            self._kv.put_record(self._namer.config_record_name(), json.dumps(record).encode())
         except Exception as exc:  # informational only
             log.warning("memkv-vllm: could not write the run's config record: %s", exc)
 
@@ -138,13 +144,13 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
 
     def _store(self, keys: list[Any], names: list[bytes], slots: np.ndarray) -> JobOutcome:
         # values are content-addressed: skip what another instance already stored
-        present = self._client.exists(names)
+        present = self._kv.exists(names)
         ok = {i for i, p in enumerate(present) if p}
         todo = [i for i, p in enumerate(present) if not p]
         sent = 0
         for part in _chunks(todo, self.cfg.blocks_per_op):
             items = [(names[i], self._rows[slots[i]], self._row_bytes) for i in part]
-            for i, result in zip(part, self._client.batch_put_views(items), strict=True):
+            for i, result in zip(part, self._kv.batch_put(items), strict=True):
                 if result.ok:
                     ok.add(i)
                     sent += self._row_bytes
@@ -166,7 +172,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
         failed: list[int] = []
         for part in _chunks(list(range(len(keys))), self.cfg.blocks_per_op):
             items = [(names[i], self._rows[slots[i]], self._row_bytes) for i in part]
-            for i, result in zip(part, self._client.batch_get_into(items), strict=True):
+            for i, result in zip(part, self._kv.batch_get_into(items), strict=True):
                 (ok if result.ok else failed).append(i)
         if failed:
             # gone between lookup and load (evicted, server restarted): read as absent for
@@ -237,7 +243,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
         self._jobs.drain(timeout=30)
         self._jobs.shutdown()
         self._lookup.close()
-        self._client.close()
+        self._kv.close()
 
 
 memkv = MemKVTierManager  # `{"type": "memkv", "module_path": "memkv_vllm.tier"}` (vLLM >= 0.28)

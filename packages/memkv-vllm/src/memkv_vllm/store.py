@@ -1,0 +1,140 @@
+"""The store interface both modes talk to, and its per-item result.
+
+The tier and the direct mode move KV through a :class:`KVStore`: batched presence probes,
+batched puts from and gets into caller-owned buffers, deletes, small metadata records and
+counters. Two implementations: :class:`~.store_memkv.MemKVStore` (our ``memkv serve``
+cluster through ``memkv_client``) and :class:`~.store_mooncake.MooncakeStore` (Mooncake
+Store). :func:`open_store` builds the one the configuration names. No vLLM import.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    from .store_config import StoreConfig
+
+__all__ = ["Item", "ItemOutcome", "KVStore", "StoreCounters", "open_store"]
+
+Item = tuple[bytes, Any, int]
+"""``(key, buffer, length)``: a writable (get) or readable (put) buffer of ``length`` bytes."""
+
+
+class ItemOutcome(NamedTuple):
+    """What happened to one item of a batch; truthy only when ``ok``."""
+
+    ok: bool
+    cause: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+OK = ItemOutcome(True)
+
+
+@dataclass
+class StoreCounters:
+    """Operation counters every store keeps (what :meth:`KVStore.stats` reports)."""
+
+    exists_keys: int = 0
+    exists_errors: int = 0
+    put_ok: int = 0
+    put_failed: int = 0
+    put_bytes: int = 0
+    get_ok: int = 0
+    get_missed: int = 0
+    get_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {f.name: int(getattr(self, f.name)) for f in fields(self)}
+
+    def count_puts(self, outcomes: Sequence[ItemOutcome], items: Sequence[Item]) -> None:
+        good = [item[2] for item, o in zip(items, outcomes, strict=True) if o]
+        self.add(put_ok=len(good), put_failed=len(items) - len(good), put_bytes=sum(good))
+
+    def count_gets(self, outcomes: Sequence[ItemOutcome], items: Sequence[Item]) -> None:
+        good = [item[2] for item, o in zip(items, outcomes, strict=True) if o]
+        self.add(get_ok=len(good), get_missed=len(items) - len(good), get_bytes=sum(good))
+
+
+class KVStore(Protocol):
+    """A shared KV value store. Thread-safe; every batch call answers per item, in order.
+
+    Values are immutable: a put of a key that is present may keep the old value (both
+    backends' values are content-addressed here, so that is harmless). A get fills the
+    buffer completely or reports a miss; it never returns a partial value as ``ok``.
+    """
+
+    backend: str
+    """``memkv`` or ``mooncake`` (for logs and metrics)."""
+
+    @property
+    def has_rdma(self) -> bool:
+        """Whether values move over RDMA (False: TCP)."""
+        ...
+
+    def describe(self) -> str:
+        """One line for the startup log: where the store is and how data moves."""
+        ...
+
+    def exists(self, keys: list[bytes]) -> list[bool]:
+        """Presence of each key; a key the store cannot answer for reads as absent."""
+        ...
+
+    def register(self, buffer: Any) -> None:
+        """Announce a long-lived buffer that batch calls will use (zero-copy engines
+        register it for transfers); buffers must stay alive until :meth:`close`."""
+        ...
+
+    def batch_put(self, items: list[Item]) -> list[ItemOutcome]:
+        """Store each ``(key, buffer, length)``."""
+        ...
+
+    def batch_get_into(self, items: list[Item]) -> list[ItemOutcome]:
+        """Fill each buffer with the key's value of exactly ``length`` bytes."""
+        ...
+
+    def delete(self, keys: list[bytes]) -> list[ItemOutcome]:
+        """Remove each key (not ok: absent, or the backend refused, e.g. under lease)."""
+        ...
+
+    def put_record(self, key: bytes, data: bytes) -> None:
+        """Store a small metadata record (raises on failure)."""
+        ...
+
+    def get_record(self, key: bytes) -> bytes | None:
+        """A small metadata record, or None if absent."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this process's operations plus what the backend reports."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def open_store(config: StoreConfig, probe: bool, who: str, gpu: int | None = None) -> KVStore:
+    """The store ``config.backend`` names; with ``probe``, fail now if it is unreachable.
+
+    ``gpu`` is the caller's GPU index (Mooncake over RDMA picks the NIC next to it).
+    """
+    if config.backend == "mooncake":
+        from .store_mooncake import MooncakeStore
+
+        return MooncakeStore(config, who, gpu)
+    from .store_memkv import MemKVStore
+
+    return MemKVStore(config, probe, who)

@@ -1,0 +1,119 @@
+""":class:`MemKVStore`: the store interface over our ``memkv serve`` cluster (``memkv_client``).
+
+A thin adapter: connection settings come from ``MEMKV_CONFIG`` / ``MEMKV_*`` exactly as for
+``memkv_client``; the batch calls pass the caller's buffers straight to the client (no
+Python-side copies). Written against the client's public API only; its per-item results
+are read through ``bool()`` and an optional ``cause``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from .store import Item, ItemOutcome, StoreCounters
+from .store_config import StoreConfig, yaml_settings
+
+__all__ = ["MemKVStore", "servers_source"]
+
+log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
+
+
+def _outcome(result: Any) -> ItemOutcome:
+    return ItemOutcome(bool(result), str(getattr(result, "cause", "")))
+
+
+def servers_source(env: Mapping[str, str] = os.environ) -> str:
+    """Where memkv-client takes the server list from, naming the settings a user edits."""
+    config = env.get("MEMKV_CONFIG")
+    servers = env.get("MEMKV_SERVERS")
+    return (
+        f"taken from the servers: field of MEMKV_CONFIG ({config or 'unset'}), "
+        f"else MEMKV_SERVERS ({servers or 'unset'}), else the default 127.0.0.1:9900"
+    )
+
+
+def _client() -> Any:
+    """A ``memkv_client.Client``; a ``MEMKV_CONFIG`` that also holds memkv-vllm's store
+    keys is read without them (the client rejects keys it does not know)."""
+    import memkv_client
+
+    ours, path = yaml_settings(os.environ)
+    if not ours:
+        return memkv_client.Client()
+    import yaml
+
+    with open(path) as handle:
+        data = yaml.safe_load(handle) or {}
+    rest = {k: v for k, v in data.items() if k not in ours}
+    env = {k: v for k, v in os.environ.items() if k != "MEMKV_CONFIG"}
+    return memkv_client.Client(config=memkv_client.load_config(env, **rest))
+
+
+class MemKVStore:
+    """The store interface over ``memkv_client.Client`` (see :class:`~.store.KVStore`)."""
+
+    backend = "memkv"
+
+    def __init__(self, config: StoreConfig, probe: bool, who: str) -> None:
+        self._client = _client()
+        self._counters = StoreCounters()
+        if probe:
+            self._probe(who)
+
+    def _probe(self, who: str) -> None:
+        servers = self._client.servers()
+        for server in servers:
+            try:
+                self._client.exists_on(server, [b"memkv-vllm/probe"])
+            except Exception as exc:
+                self._client.close()
+                raise RuntimeError(
+                    f"memkv-vllm ({who}): MemKV server {server} does not answer ({exc}). "
+                    f"Configured servers: {', '.join(servers)}, {servers_source()}. Start "
+                    "`memkv serve` there, or point MEMKV_SERVERS at a running server."
+                ) from exc
+
+    def describe(self) -> str:
+        servers = self._client.servers()
+        transport = "RDMA" if self._client.has_rdma() else "TCP"
+        return f"{len(servers)} MemKV server(s) {','.join(servers)} over {transport}"
+
+    @property
+    def has_rdma(self) -> bool:
+        return bool(self._client.has_rdma())
+
+    def exists(self, keys: list[bytes]) -> list[bool]:
+        self._counters.add(exists_keys=len(keys))
+        return [bool(x) for x in self._client.exists(keys)]
+
+    def register(self, buffer: Any) -> None:
+        return None  # the client moves any buffer in place; RDMA registration is its own
+
+    def batch_put(self, items: list[Item]) -> list[ItemOutcome]:
+        out = [_outcome(r) for r in self._client.batch_put_views(items)]
+        self._counters.count_puts(out, items)
+        return out
+
+    def batch_get_into(self, items: list[Item]) -> list[ItemOutcome]:
+        out = [_outcome(r) for r in self._client.batch_get_into(items)]
+        self._counters.count_gets(out, items)
+        return out
+
+    def delete(self, keys: list[bytes]) -> list[ItemOutcome]:
+        return [ItemOutcome(bool(self._client.delete(k)), "") for k in keys]
+
+    def put_record(self, key: bytes, data: bytes) -> None:
+        self._client.put(key, data)
+
+    def get_record(self, key: bytes) -> bytes | None:
+        value: bytes | None = self._client.get(key)
+        return value
+
+    def stats(self) -> dict[str, Any]:
+        return {"backend": self.backend, **self._counters.snapshot()}
+
+    def close(self) -> None:
+        self._client.close()

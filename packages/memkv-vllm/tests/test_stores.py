@@ -1,0 +1,222 @@
+"""The store interface over both backends, on real servers: ``memkv serve`` and a Mooncake
+Store cluster (``mooncake_master`` + three store processes), all on 127.0.0.1. No vLLM."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from memkv_harness import MemKVServer
+from memkv_vllm.config import ConfigError
+from memkv_vllm.store import KVStore, open_store
+from memkv_vllm.store_config import StoreConfig
+from mooncake_harness import MooncakeCluster
+
+MiB = 1 << 20
+needs_mooncake = pytest.mark.skipif(
+    importlib.util.find_spec("mooncake") is None,
+    reason="Mooncake Store is not installed (pip install 'memkv-vllm[mooncake]')",
+)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[MooncakeCluster]:
+    c = MooncakeCluster(tmp_path, stores=3, segment_mb=16).start()
+    yield c
+    c.stop()
+
+
+def open_on(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], **settings: Any) -> KVStore:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return open_store(StoreConfig.resolve(settings, "test"), True, "test")
+
+
+@pytest.fixture(params=["memkv", pytest.param("mooncake", marks=needs_mooncake)])
+def store(request: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KVStore]:
+    if request.param == "memkv":
+        server: Any = MemKVServer(tmp_path / "memkv.log").start()
+        env = server.env()
+    else:
+        server = MooncakeCluster(tmp_path, stores=3, segment_mb=16).start()
+        env = server.env()
+    s = open_on(monkeypatch, env)
+    yield s
+    s.close()
+    server.stop()
+
+
+@pytest.fixture
+def mooncake(cluster: MooncakeCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[KVStore]:
+    s = open_on(monkeypatch, cluster.env())
+    yield s
+    s.close()
+
+
+def filled(rows: int, size: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (rows, size), dtype=np.uint8)
+
+
+def registered(store: KVStore, rows: int, size: int, seed: int) -> np.ndarray:
+    """Random rows in a buffer the store has registered."""
+    pool = filled(rows, size, seed)
+    store.register(pool)
+    return pool
+
+
+def test_store_interface_answers_per_item(store: KVStore) -> None:
+    src, dst = registered(store, 3, MiB, 1), registered(store, 3, MiB, 0)
+    keys = [b"memkv-vllm/t/a.bin", b"memkv-vllm/t/b.bin", b"mkvd1\x00\xff\x01binary"]
+    assert all(store.batch_put([(k, src[i], MiB) for i, k in enumerate(keys)]))
+    assert store.exists([*keys, b"absent"]) == [True, True, True, False]
+    got = store.batch_get_into([(keys[0], dst[0], MiB), (b"absent", dst[1], MiB),
+                                (keys[2], dst[2], MiB)])  # fmt: skip
+    assert [bool(r) for r in got] == [True, False, True]
+    assert got[1].cause
+    assert np.array_equal(dst[0], src[0])
+    assert np.array_equal(dst[2], src[2])
+    store.put_record(b"memkv-vllm/record", b"prefix")
+    assert store.get_record(b"memkv-vllm/record") == b"prefix"
+    assert store.get_record(b"memkv-vllm/none") is None
+    # a key nobody looked up (a Mooncake lookup leases the value: it cannot be removed
+    # until the lease ends)
+    assert all(store.batch_put([(b"memkv-vllm/t/d.bin", src[1], MiB)]))
+    deleted = store.delete([b"memkv-vllm/t/d.bin"])
+    assert [bool(r) for r in deleted] == [True], deleted
+    assert store.exists([b"memkv-vllm/t/d.bin"]) == [False]
+    stats = store.stats()
+    assert (stats["put_ok"], stats["get_ok"], stats["get_missed"]) == (4, 2, 1), stats
+    assert stats["put_bytes"] == 4 * MiB
+
+
+@needs_mooncake
+def test_mooncake_evicts_when_full_and_reports_misses_per_item(mooncake: KVStore) -> None:
+    s = mooncake
+    pool = registered(s, 8, MiB, 2)
+    keys = [f"evict/{i}".encode() for i in range(96)]  # 96 MiB into 3 x 16 MiB of segments
+    refused = 0
+    for start in range(0, len(keys), 4):
+        # over the high watermark the master evicts in the background; until it has, a
+        # put is refused (per item, not an exception)
+        part = keys[start : start + 4]
+        refused += sum(not r for r in s.batch_put([(k, pool[i], MiB) for i, k in enumerate(part)]))
+        time.sleep(0.3)
+    present = s.exists(keys)
+    assert 0 < sum(present) <= 48, sum(present)
+    assert present[-1]
+    assert not present[0]
+    out = registered(s, 2, MiB, 0)
+    got = s.batch_get_into([(keys[0], out[0], MiB), (keys[-1], out[1], MiB)])
+    assert [bool(r) for r in got] == [False, True]
+    assert np.array_equal(out[1], pool[(len(keys) - 1) % 4])
+    assert s.stats()["put_failed"] == refused
+
+
+@needs_mooncake
+def test_mooncake_lookup_leases_the_value_until_the_lease_ends(
+    cluster: MooncakeCluster, mooncake: KVStore
+) -> None:
+    s = mooncake
+    pool = registered(s, 1, MiB, 5)
+    assert all(s.batch_put([(b"leased", pool[0], MiB)]))
+    assert s.exists([b"leased"]) == [True]  # the lookup takes a lease (lease_ms)
+    assert [r.cause for r in s.delete([b"leased"])] == ["under lease"]
+    assert cluster.remove_unleased() == 0
+    time.sleep(cluster.lease_ms / 1000 + 0.3)
+    assert cluster.remove_unleased() == 1  # what eviction may take once the lease ended
+    assert s.exists([b"leased"]) == [False]
+
+
+@needs_mooncake
+def test_mooncake_store_process_killed_replicas_keep_values(
+    cluster: MooncakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    single = open_on(monkeypatch, cluster.env())
+    double = open_on(monkeypatch, cluster.env(), mooncake_replicas=2)
+    size, n = 256 << 10, 48  # 48 values per replica count: some land on every segment
+    pool, out = registered(single, 4, size, 3), registered(single, 2 * n, size, 0)
+    double.register(pool)
+    ones = [f"r1/{i}".encode() for i in range(n)]
+    twos = [f"r2/{i}".encode() for i in range(n)]
+    assert all(single.batch_put([(k, pool[i % 4], size) for i, k in enumerate(ones)]))
+    assert all(double.batch_put([(k, pool[i % 4], size) for i, k in enumerate(twos)]))
+    cluster.kill_store(0)
+    time.sleep(cluster.client_ttl_s + 3)  # the master unmounts the dead segment
+    items = [(k, out[i], size) for i, k in enumerate(ones + twos)]
+    got = single.batch_get_into(items)
+    lost = [k for (k, _, _), r in zip(items, got, strict=True) if not r]
+    assert lost, "no value sat on the killed segment"
+    assert all(k.startswith(b"r1/") for k in lost), lost  # two copies: every value survived
+    assert all(np.array_equal(out[n + i], pool[i % 4]) for i in range(n))
+    assert single.exists(lost) == [False] * len(lost)  # lost values read as absent
+    for s in (single, double):
+        s.close()
+
+
+@needs_mooncake
+def test_mooncake_master_restart_forgets_every_value_and_recovers(
+    cluster: MooncakeCluster, mooncake: KVStore
+) -> None:
+    s = mooncake
+    pool = registered(s, 2, MiB, 4)
+    assert all(s.batch_put([(b"before", pool[0], MiB)]))
+    cluster.restart_master()
+    assert s.exists([b"before"]) == [False]  # no HA: the new master knows no object
+    deadline = time.monotonic() + 30
+    while not s.batch_put([(b"after", pool[1], MiB)])[0]:  # segments re-mount themselves
+        assert time.monotonic() < deadline, "no segment came back after the master restart"
+        time.sleep(0.5)
+    assert s.exists([b"before", b"after"]) == [False, True]
+
+
+def test_store_config_chain_and_errors(tmp_path: Path) -> None:
+    env = {"MEMKV_BACKEND": "mooncake", "MEMKV_MOONCAKE_MASTER": "10.0.0.5:50051",
+           "MEMKV_MOONCAKE_METADATA_SERVER": "http://10.0.0.5:8080/metadata",
+           "MEMKV_MOONCAKE_REPLICAS": "2"}  # fmt: skip
+    cfg = StoreConfig.resolve({}, "test", env=env)
+    assert (cfg.backend, cfg.mooncake_replicas, cfg.mooncake_protocol) == ("mooncake", 2, "tcp")
+    yaml_file = tmp_path / "memkv.yaml"
+    yaml_file.write_text("servers: [127.0.0.1:9900]\nmooncake_replicas: 3\n")
+    cfg = StoreConfig.resolve({}, "test", env={**env, "MEMKV_CONFIG": str(yaml_file)})
+    assert cfg.mooncake_replicas == 3  # the file beats the environment
+    cfg = StoreConfig.resolve({"memkv_mooncake_replicas": 1}, "extra", "memkv_",
+                              env={**env, "MEMKV_CONFIG": str(yaml_file)})  # fmt: skip
+    assert cfg.mooncake_replicas == 1  # the vLLM config beats both
+    assert StoreConfig.resolve({}, "test", env={}).backend == "memkv"
+
+    bad = [
+        ({"backend": "redis"}, r"'backend': got 'redis'; accepted: memkv, mooncake"),
+        ({"mooncake_master": "master"}, r"'mooncake_master': got 'master'; accepted: host:port"),
+        ({"mooncake_protocol": "udp"}, r"'mooncake_protocol': got 'udp'; accepted: tcp, rdma"),
+        ({"mooncake_metadata_server": "10.0.0.5:8080"}, r"'mooncake_metadata_server'"),
+        ({"mooncake_replicas": 0}, r"'mooncake_replicas': got 0; accepted: 1 to 16"),
+        ({"mooncake_buffer_mb": "lots"}, r"'mooncake_buffer_mb': got 'lots'; accepted: an int"),
+    ]
+    for settings, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            StoreConfig.resolve(settings, "secondary_tiers[memkv]", env=env)
+    with pytest.raises(ConfigError, match=r"environment key 'MEMKV_MOONCAKE_SEGMENT_MB'"):
+        StoreConfig.resolve({}, "test", env={"MEMKV_MOONCAKE_SEGMENT_MB": "-1"})
+
+
+@needs_mooncake
+def test_mooncake_master_that_does_not_answer_fails_startup_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mooncake_harness import free_port
+
+    port = free_port()
+    env = {
+        "MEMKV_BACKEND": "mooncake",
+        "MEMKV_MOONCAKE_MASTER": f"127.0.0.1:{port}",
+        "MEMKV_MOONCAKE_METADATA_SERVER": f"http://127.0.0.1:{free_port()}/metadata",
+        "MEMKV_MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1",
+        "MC_STORE_CLIENT_SETUP_RETRIES": "1",
+    }  # fmt: skip (default 20 tries: ~90 s)
+    with pytest.raises(RuntimeError, match=rf"mooncake_master='127.0.0.1:{port}'"):
+        open_on(monkeypatch, env)
