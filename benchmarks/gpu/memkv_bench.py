@@ -420,9 +420,9 @@ def main() -> int:
     out = Path(os.environ.get("OUT") or "/tmp")
     deadline = time.monotonic() + BUDGET_S
     address = f"127.0.0.1:{free_port()}"
-    result: dict[str, Any] = {"mode": mode, "smoke": model_8b.SMOKE, "lengths": lens,
-                              "server_memory": SERVER_MEMORY, "kv_bytes_per_token":
-                              model_8b.KV_BYTES_PER_TOKEN}  # fmt: skip
+    result: dict[str, Any] = {"mode": mode, "smoke": model_8b.SMOKE, "tp": model_8b.TP,
+                              "lengths": lens, "server_memory": SERVER_MEMORY,
+                              "kv_bytes_per_token": model_8b.KV_BYTES_PER_TOKEN}  # fmt: skip
     server = start_server(address, out / f"memkv-{mode}-server.log", int(BUDGET_S) + 30)
     try:
         a = run_engine("A", mode, lengths, address, min(170.0, deadline - time.monotonic() - 60))
@@ -442,7 +442,7 @@ def main() -> int:
             server.kill()
     keys = ("mode", "summary", "store", "server_used_delta_A")
     print("RESULT " + json.dumps({k: result.get(k) for k in keys}))
-    (out / f"memkv-{mode}.json").write_text(json.dumps(result, indent=1))
+    (out / model_8b.result_name(f"memkv-{mode}")).write_text(json.dumps(result, indent=1))
     return 0 if "summary" in result else 1
 
 

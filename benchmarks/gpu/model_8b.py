@@ -3,7 +3,8 @@
 Only `config.json` is written; vLLM builds random weights with `load_format="dummy"`.
 KV per token: 32 layers x 8 heads x 128 x 2 (K, V) x 2 bytes = 128 KiB.
 `GPU_BENCH_SMOKE=1` swaps in a 2-layer toy model so the scripts' logic can be checked on
-CPU vLLM before spending device time.
+CPU vLLM before spending device time. `GPU_BENCH_TP=N` runs every engine at tensor
+parallelism N (results files get a `-tpN` suffix).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ CONFIG = {
 
 SMOKE = os.environ.get("GPU_BENCH_SMOKE") == "1"
 EAGER = os.environ.get("GPU_BENCH_EAGER") == "1"
+TP = int(os.environ.get("GPU_BENCH_TP", "1"))
+"""Tensor-parallel size of every engine (`GPU_BENCH_TP=2`: two GPUs, 4 KV heads a rank)."""
 if SMOKE:
     CONFIG.update(
         hidden_size=256,
@@ -94,6 +97,7 @@ def engine_args(**overrides: Any) -> dict[str, Any]:
         "seed": 0,
         "enforce_eager": EAGER,
         "max_num_batched_tokens": 16384,
+        "tensor_parallel_size": TP,
     }
     args.update(overrides)
     if SMOKE:
@@ -131,6 +135,11 @@ def kv_transfer(
             kv_connector_extra_config={"cpu_bytes_to_use": cpu_bytes},
         )
     return None
+
+
+def result_name(stem: str) -> str:
+    """`stem`.json, or `stem`-tpN.json when engines run at tensor parallelism N > 1."""
+    return f"{stem}-tp{TP}.json" if TP > 1 else f"{stem}.json"
 
 
 def overflow_key() -> dict[str, str]:

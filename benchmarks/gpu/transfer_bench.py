@@ -10,6 +10,10 @@ scheduler and copies into its real page-locked L1 file in /dev/shm.
 Usage: python transfer_bench.py [--blocks 1024] [--reps 5] [--modes async,direct,...]
 (writes $OUT/transfer.json). `--wave N` adds a step that loads N jobs of 375 blocks (a
 6,000-token session each, as in the multi-turn benchmark) at once.
+Tensor parallelism: `GPU_BENCH_TP=2 GPU_BENCH_RANK=R CUDA_VISIBLE_DEVICES=R` is one rank
+(4 KV heads, 1 MiB a block, its own L1 file); start one process a GPU at once to measure
+every rank's throughput and its own pinned ceiling while the other rank copies too
+(writes $OUT/transfer-rR-tp2.json).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+import model_8b
 import repo_path
 
 repo_path.worker_modules()
@@ -35,9 +40,10 @@ from vllm_marconi_offload.layout import SlotLayout  # noqa: E402
 from vllm_marconi_offload.metadata import BlockTransfer, OffloadMetadata, TransferJob  # noqa: E402
 from vllm_marconi_offload.worker import COPY_ENV, OffloadWorker  # noqa: E402
 
-LAYERS, HEADS, HEAD_SIZE, BLOCK = 32, 8, 128, 16
-PAGE = HEADS * BLOCK * 2 * HEAD_SIZE * 2  # bytes of one layer's block
-L1_DIR = "/dev/shm/transfer-bench"
+RANK = int(os.environ.get("GPU_BENCH_RANK", "0"))  # under GPU_BENCH_TP=N: this process's rank
+LAYERS, HEADS, HEAD_SIZE, BLOCK = 32, 8 // model_8b.TP, 128, 16
+PAGE = HEADS * BLOCK * 2 * HEAD_SIZE * 2  # bytes of one layer's block (one rank's heads)
+L1_DIR = f"/dev/shm/transfer-bench-r{RANK}"
 
 
 def kv_caches(num_blocks: int, device: str) -> dict[str, torch.Tensor]:
@@ -107,9 +113,12 @@ class Bench:
             stride=self.layout.stride,
             engine_id=f"transfer-bench-{mode}",
             fingerprint=bytes(16),
-            l1=TierConfig(path=L1_DIR, bytes_to_use=(2 * blocks + 64) * PAGE * LAYERS),
+            l1=TierConfig(
+                path=L1_DIR, bytes_to_use=(2 * blocks + 64) * PAGE * LAYERS * model_8b.TP
+            ),
+            tp_size=model_8b.TP,
         )
-        self.worker = OffloadWorker(config, self.layout, rank=0)
+        self.worker = OffloadWorker(config, self.layout, rank=RANK)
         self.worker.register_kv_caches(self.caches)
         self.pool = self.worker._pool
         assert self.pool is not None
@@ -205,7 +214,12 @@ def main() -> None:
     parser.add_argument("--cpu-smoke", action="store_true", help="check the script on CPU")
     args = parser.parse_args()
     batch = args.blocks * PAGE * LAYERS
-    result: dict[str, Any] = {"blocks": args.blocks, "slot_bytes": PAGE * LAYERS}
+    result: dict[str, Any] = {
+        "blocks": args.blocks,
+        "slot_bytes": PAGE * LAYERS,
+        "tp": model_8b.TP,
+        "rank": RANK,
+    }
     if args.cpu_smoke:
         generic = Bench(args.gpu_blocks, args.blocks, "generic", "cpu")
         result["worker_generic"] = generic.run(1)
@@ -243,7 +257,8 @@ def main() -> None:
     print(json.dumps(result, indent=1), flush=True)
     out = os.environ.get("OUT")
     if out:
-        with open(os.path.join(out, "transfer.json"), "w") as f:
+        name = model_8b.result_name(f"transfer-r{RANK}" if model_8b.TP > 1 else "transfer")
+        with open(os.path.join(out, name), "w") as f:
             json.dump(result, f, indent=1)
 
 

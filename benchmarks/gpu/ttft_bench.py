@@ -9,7 +9,8 @@ native: cold prefill, (e) vLLM's OffloadingConnector CPU hit after an HBM reset.
 One request at a time, max_tokens=1, random token ids. Each mode runs in its own process.
 Hits (b), (d) and (e) are measured HIT_REPEATS times, each after an HBM reset; the JSON
 keeps every time and reports the median.
-Usage: python ttft_bench.py MODE [LENGTHS]   (default 4096,16384,32768; $OUT/ttft-MODE.json)
+Usage: python ttft_bench.py MODE [LENGTHS]   (default 4096,16384,32768; $OUT/ttft-MODE.json,
+ttft-MODE-tpN.json under GPU_BENCH_TP=N)
 GPU_BENCH_NO_L2=1 runs `ours` without L2 (no write-through; the L2 hit is then a miss).
 """
 
@@ -108,7 +109,7 @@ def main() -> None:
     model_8b.prepare_environment()
     model_8b.fresh_pools(*([L2_DIR] if L2_DIR else []))  # no hits left over from an earlier run
     engine = Engine(mode)
-    result: dict[str, Any] = {"mode": mode, "startup_s": engine.startup_s}
+    result: dict[str, Any] = {"mode": mode, "tp": model_8b.TP, "startup_s": engine.startup_s}
     engine.ttft(prompt(random.Random(1), 512))  # warm-up
     for n in lengths:
         result[str(n)] = measure(engine, mode, n)
@@ -116,7 +117,7 @@ def main() -> None:
     print("RESULT " + json.dumps(result), flush=True)
     out = os.environ.get("OUT")
     if out:
-        with open(os.path.join(out, f"ttft-{mode}.json"), "w") as f:
+        with open(os.path.join(out, model_8b.result_name(f"ttft-{mode}")), "w") as f:
             json.dump(result, f, indent=1)
 
 

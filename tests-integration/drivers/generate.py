@@ -1,9 +1,9 @@
 """Run one real vLLM engine through phases of greedy generation; print the results as JSON.
 
 Usage: python generate.py SPEC.json. The spec names the model, an optional
-`kv_transfer_config`, and phases: each phase optionally resets vLLM's own prefix cache
-(and, with `reset_connector`, the connector's), then generates for its prompts (lists of
-token ids). The last stdout line is `RESULT <json>`: per phase, per prompt, the generated
+`kv_transfer_config` and `tensor_parallel_size`, and phases: each phase optionally resets
+vLLM's own prefix cache (and, with `reset_connector`, the connector's), then generates for
+its prompts (lists of token ids). The last stdout line is `RESULT <json>`: per phase, per prompt, the generated
 token ids and `num_cached_tokens`.
 """
 
@@ -29,6 +29,7 @@ def run(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
         "max_num_seqs": 8,
         "max_num_batched_tokens": spec.get("max_num_batched_tokens", 4096),
         "seed": 0,
+        "tensor_parallel_size": spec.get("tensor_parallel_size", 1),
     }
     if spec.get("kv_transfer_config"):
         kwargs["kv_transfer_config"] = KVTransferConfig(**spec["kv_transfer_config"])

@@ -20,7 +20,7 @@ from ._compat import warn_if_hashes_differ_per_process
 from .load_errors import current as current_load_errors
 from .lookup import Answer, BatchedLookup
 from .metrics import LOOKUP_ROUNDS, TierMetrics
-from .naming import direct_key, publish_key
+from .naming import direct_key, prefix_differences, publish_key, split_prefix_record
 from .store import KVStore, open_store
 from .store_config import StoreConfig
 
@@ -54,17 +54,17 @@ def adopt_prefix(store: KVStore, engine_id: str, world_size: int, timeout: float
             f"{publish_key(engine_id, missing[0])!r} within {timeout:g}s "
             "(memkv_publish_timeout_s); check that every node reaches the same store"
         )
-    if len(set(found.values())) != 1:
-        table = ", ".join(f"rank {r}: {v.hex()}" for r, v in sorted(found.items()))
+    prefixes = {rank: split_prefix_record(record)[0] for rank, record in found.items()}
+    if len(set(prefixes.values())) != 1:
         raise RuntimeError(
             "memkv-vllm: worker ranks key KV blocks differently (model, weights, dtype or "
-            f"KV layout differ between ranks): {table}"
+            f"KV layout differ between ranks): {prefix_differences(found)}"
         )
     try:
         store.delete([publish_key(engine_id, rank) for rank in range(world_size)])
     except Exception as exc:  # the records are small and harmless
         log.debug("memkv-vllm: could not delete the prefix records: %s", exc)
-    return found[0]
+    return prefixes[0]
 
 
 class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]

@@ -25,7 +25,7 @@ from typing import Any
 from . import _compat as c
 from .jobs import JobOutcome, JobRunner
 from .load_errors import current as current_load_errors
-from .naming import direct_key, direct_prefix, publish_key
+from .naming import direct_key, prefix_record, publish_key, split_prefix_record
 from .store import open_store
 from .store_config import StoreConfig
 from .weights import weights_fingerprint
@@ -110,10 +110,9 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             "groups": self._groups,
             "kv_cache_layout": str(getattr(config, "kv_cache_layout", None)),
         }
-        self.prefix = direct_prefix(
-            ident, weights_fingerprint(config.model.name), cfg.memkv_spec_prefix
-        )
-        self._kv.put_record(publish_key(config.engine_id, self.rank), self.prefix)
+        record = prefix_record(ident, weights_fingerprint(config.model.name), cfg.memkv_spec_prefix)
+        self.prefix, _ = split_prefix_record(record)
+        self._kv.put_record(publish_key(config.engine_id, self.rank), record)
         n = cfg.memkv_num_threads
         self._jobs = JobRunner(n, n, max_backlog_bytes=1 << 62)
         self._local = threading.local()

@@ -22,11 +22,15 @@ __all__ = [
     "TierNamer",
     "direct_key",
     "direct_prefix",
+    "prefix_differences",
+    "prefix_record",
     "publish_key",
+    "split_prefix_record",
 ]
 
 MAX_NAME = 480  # the wire limit is 512 bytes; leave room like the vendor plugins do
 DIRECT_MAGIC = b"mkvd1"
+PREFIX_BYTES = len(DIRECT_MAGIC) + 12
 
 
 class FileMapperLike(Protocol):
@@ -60,14 +64,51 @@ class TierNamer:
         return _short(self.run_folder + "/config.json")
 
 
-def direct_prefix(ident: Mapping[str, Any], fingerprint: str, user_prefix: str) -> bytes:
-    """The key prefix of one model/layout; identical on every rank of a run."""
-    blob = json.dumps(
+def _prefix_source(ident: Mapping[str, Any], fingerprint: str, user_prefix: str) -> bytes:
+    return json.dumps(
         {"ident": dict(ident), "weights": fingerprint, "prefix": user_prefix},
         sort_keys=True,
         separators=(",", ":"),
     ).encode()
+
+
+def direct_prefix(ident: Mapping[str, Any], fingerprint: str, user_prefix: str) -> bytes:
+    """The key prefix of one model/layout; identical on every rank of a run."""
+    blob = _prefix_source(ident, fingerprint, user_prefix)
     return DIRECT_MAGIC + hashlib.blake2b(blob, digest_size=12).digest()
+
+
+def prefix_record(ident: Mapping[str, Any], fingerprint: str, user_prefix: str) -> bytes:
+    """What a worker publishes: its key prefix, then the JSON the prefix was derived from
+    (so a scheduler that finds ranks disagreeing can say in what)."""
+    source = _prefix_source(ident, fingerprint, user_prefix)
+    return direct_prefix(ident, fingerprint, user_prefix) + source
+
+
+def split_prefix_record(record: bytes) -> tuple[bytes, dict[str, Any]]:
+    """The key prefix of a published record and the fields it came from ({} if absent)."""
+    head, source = record[:PREFIX_BYTES], record[PREFIX_BYTES:]
+    return head, (json.loads(source) if source else {})
+
+
+def prefix_differences(records: Mapping[int, bytes]) -> str:
+    """Each rank whose published prefix differs from rank 0's, and the fields that differ."""
+    reference, reference_fields = split_prefix_record(records[0])
+    expected = _flat(reference_fields)
+    found = []
+    for rank, record in sorted(records.items()):
+        prefix, fields = split_prefix_record(record)
+        if prefix == reference:
+            continue
+        seen = _flat(fields)
+        keys = sorted(k for k in expected.keys() | seen.keys() if expected.get(k) != seen.get(k))
+        how = ", ".join(f"{k}={seen.get(k)!r} where rank 0 has {expected.get(k)!r}" for k in keys)
+        found.append(f"rank {rank}: {how or f'prefix {prefix.hex()} vs {reference.hex()}'}")
+    return "; ".join(found)
+
+
+def _flat(fields: Mapping[str, Any]) -> dict[str, Any]:
+    return {**fields.get("ident", {}), **{k: v for k, v in fields.items() if k != "ident"}}
 
 
 def direct_key(prefix: bytes, rank: int, offload_key: bytes) -> bytes:

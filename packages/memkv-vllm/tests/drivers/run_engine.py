@@ -1,6 +1,7 @@
 """Run one real vLLM engine (in this process) through phases; print results as JSON.
 
-Usage: python run_engine.py SPEC.json. Like tests-integration/drivers/generate.py, plus:
+Usage: python run_engine.py SPEC.json. Like tests-integration/drivers/generate.py (also
+``tensor_parallel_size``), plus:
 a phase may ``pause`` first (the driver writes ``<pause_dir>/paused-<i>`` and waits for
 ``<pause_dir>/resume-<i>``, so the test can restart the MemKV server in between) and may
 reset the offloading connector too (``reset_connector``). The last stdout line is
@@ -41,6 +42,7 @@ def run(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
         "max_num_seqs": 8,
         "max_num_batched_tokens": 4096,
         "seed": 0,
+        "tensor_parallel_size": spec.get("tensor_parallel_size", 1),
     }
     if spec.get("kv_transfer_config"):
         kwargs["kv_transfer_config"] = KVTransferConfig(**spec["kv_transfer_config"])

@@ -191,8 +191,24 @@ def adopt_physical_layout(store_config: StoreConfig) -> StoreConfig:
             ) from None
     if len(set(seen.values())) > 1:
         raise LayoutError(
-            "tensor-parallel ranks arrange their KV caches differently "
+            "tensor-parallel ranks arrange their KV caches differently: "
+            f"{_layout_differences(seen)} "
             f"(see {physical_layout_file(store_config, 0).parent}/*.layout); "
             "offloaded blocks could not be shared between them"
         )
     return with_physical_layout(store_config, seen[0])
+
+
+def _layout_differences(seen: dict[int, str]) -> str:
+    """Each rank that disagrees with rank 0, with the first layer line where it does."""
+    reference = seen[0].splitlines()
+    found = []
+    for rank, text in sorted(seen.items()):
+        lines = text.splitlines()
+        for index in range(max(len(reference), len(lines))):
+            ours = lines[index] if index < len(lines) else "nothing"
+            theirs = reference[index] if index < len(reference) else "nothing"
+            if ours != theirs:
+                found.append(f"rank {rank} has {ours!r} where rank 0 has {theirs!r}")
+                break
+    return "; ".join(found)
