@@ -62,6 +62,7 @@ def test_lru_takes_no_marconi_options() -> None:
     assert config.eviction_options == {}
 
 
+@pytest.mark.vllm  # the worker's modules import torch
 def test_gpu_data_path_environment_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm_marconi_offload.cuda_mover import DEFAULT_STAGING_BYTES, staging_bytes_from_env
     from vllm_marconi_offload.worker import copy_mode_from_env

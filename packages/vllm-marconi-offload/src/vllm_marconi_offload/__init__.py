@@ -9,11 +9,12 @@ Use it with::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import vllm_kv_astpatch
 
 from ._version import __version__
 from .config import ConfigError, OffloadConfig
-from .connector import MarconiOffloadConnector
 
 __all__ = ["PATCH_STATUS", "ConfigError", "MarconiOffloadConnector", "OffloadConfig", "__version__"]
 
@@ -21,10 +22,19 @@ __all__ = ["PATCH_STATUS", "ConfigError", "MarconiOffloadConnector", "OffloadCon
 # them; a no-op ("not-needed") elsewhere. Idempotent and fail-closed.
 vllm_kv_astpatch.apply_hybrid_patch()
 
+if TYPE_CHECKING:
+    from .connector import MarconiOffloadConnector
+
 _RENAMED = {"SimpleCPUOffloadConnector": "MarconiOffloadConnector"}
 
 
 def __getattr__(name: str) -> object:
+    # The connector imports vLLM; loaded on first use, so the vLLM-free modules (config,
+    # spec, scheduler, stats, ...) import without it.
+    if name == "MarconiOffloadConnector":
+        from .connector import MarconiOffloadConnector
+
+        return MarconiOffloadConnector
     if name == "PATCH_STATUS":  # read live: "applied" / "not-needed" / "skipped-<reason>"
         return vllm_kv_astpatch.PATCH_STATUS
     if name in _RENAMED:

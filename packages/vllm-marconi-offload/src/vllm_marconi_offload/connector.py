@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvpool_mmap import TieredStore
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -17,16 +16,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from . import compat
-from .config import OffloadConfig
-from .cost import LoadCostModel
-from .keys import restart_hash_problem
-from .layout import SlotLayout
 from .log import logger
 from .metadata import OffloadMetadata, WorkerReport
 from .metrics import OffloadPromMetrics, OffloadStats
-from .pool import adopt_physical_layout, build_store_config, unlink_anonymous_l1
 from .scheduler import OffloadScheduler
-from .stats import eviction_line, store_counters
+from .spec import OffloadSpec
+from .stats import StatsReporter
 from .worker import OffloadWorker
 
 
@@ -35,68 +30,17 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
-        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
-        self._config = OffloadConfig.from_extra_config(extra)
-        version = compat.vllm_version()
-        unsupported = compat.check_supported(version)
-        if unsupported:
-            logger.warning(unsupported)
-        parallel = vllm_config.parallel_config
-        if int(parallel.pipeline_parallel_size) > 1:
-            raise ValueError(
-                "MarconiOffloadConnector supports tensor and data parallelism only; "
-                f"pipeline_parallel_size={parallel.pipeline_parallel_size}"
-            )
-        self._layout = SlotLayout.from_kv_cache_config(kv_cache_config)
-        self._block_size = compat.scheduler_block_size(vllm_config, kv_cache_config)
-        store_config = build_store_config(vllm_config, self._config, self._layout, self._block_size)
+        spec = OffloadSpec.from_vllm_config(vllm_config, kv_cache_config)
         self._scheduler: OffloadScheduler | None = None
         self._worker: OffloadWorker | None = None
-        self._stats_reported: dict[str, int] = {}
-        self._hit_lines_logged = 0
-        self._store: TieredStore | None = None
+        self._reporter: StatsReporter | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._store = TieredStore(adopt_physical_layout(store_config), create_l1=False)
-            if self._config.cpu_pool_path is None:
-                unlink_anonymous_l1(store_config)
-            self._scheduler = OffloadScheduler(
-                self._store,
-                self._layout,
-                self._block_size,
-                int(parallel.tensor_parallel_size),
-                kv_cache_config,
-                LoadCostModel(
-                    l2_read_bytes_per_s=self._config.l2_read_bytes_per_s,
-                    prefill_tokens_per_s=self._config.prefill_tokens_per_s,
-                ),
-            )
-            self._warn_if_hashes_change(vllm_config, version)
-            logger.info(
-                "MarconiOffloadConnector ready: L1 %s (%d bytes), L2 %s, eviction=%s, "
-                "admission_threshold=%d, block_size=%d, slot=%d bytes",
-                store_config.l1.path,
-                self._config.cpu_bytes_to_use,
-                store_config.l2.path if store_config.l2 else "off",
-                self._config.eviction_policy,
-                self._config.admission_threshold,
-                self._block_size,
-                self._layout.stride,
+            self._scheduler = spec.scheduler()
+            self._reporter = StatsReporter(
+                self._scheduler.counters, self._scheduler.store_stats, spec.config.hit_log_interval
             )
         else:
-            self._worker = OffloadWorker(store_config, self._layout, compat.tensor_parallel_rank())
-
-    def _warn_if_hashes_change(self, vllm_config: Any, version: str) -> None:
-        if not self._config.has_l2:
-            return
-        problem = restart_hash_problem(
-            version, compat.hash_algorithm(vllm_config), compat.pythonhashseed()
-        )
-        if problem:
-            logger.warning(
-                "L2 persistence will not hit after a restart: %s. Set PYTHONHASHSEED "
-                "(e.g. 0) for every vLLM process that should reuse this L2.",
-                problem,
-            )
+            self._worker = spec.worker(compat.tensor_parallel_rank())
 
     # -- worker side -------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
@@ -145,8 +89,10 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         assert self._scheduler is not None
-        meta = self._scheduler.build_metadata(scheduler_output)
-        self._maybe_log()
+        meta = OffloadMetadata.of(self._scheduler.build_metadata(scheduler_output))
+        assert self._reporter is not None
+        for line in self._reporter.due_log_lines():
+            logger.info(line)
         return meta
 
     def update_connector_output(self, connector_output: Any) -> None:
@@ -171,9 +117,9 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
 
     def reset_cache(self) -> bool:
         """`reset_prefix_cache(reset_connector=True)`: drop every block nothing is using."""
-        if self._store is None:
+        if self._scheduler is None:
             return True
-        dropped = self._store.clear()
+        dropped = self._scheduler.reset()
         logger.info("MarconiOffloadConnector: reset dropped %d blocks from L1 and L2", dropped)
         return True
 
@@ -182,24 +128,11 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
         return False
 
     # -- observability -----------------------------------------------------------------
-    def _maybe_log(self) -> None:
-        assert self._scheduler is not None
-        assert self._store is not None
-        counters = self._scheduler.counters
-        interval = self._config.hit_log_interval
-        if counters.requests // interval > self._hit_lines_logged:
-            self._hit_lines_logged = counters.requests // interval
-            logger.info(counters.hit_line())
-            logger.info(eviction_line(self._store.stats()))
-
     def get_kv_connector_stats(self) -> OffloadStats | None:
-        if self._scheduler is None or self._store is None:
+        if self._reporter is None:
             return None
-        now = {**self._scheduler.counters.as_dict(), **store_counters(self._store.stats())}
-        delta = {key: value - self._stats_reported.get(key, 0) for key, value in now.items()}
-        self._stats_reported.update(now)
-        stats = OffloadStats(data={k: v for k, v in delta.items() if v})
-        return None if stats.is_empty() else stats
+        delta = self._reporter.delta()
+        return OffloadStats(data=delta) if delta else None
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> OffloadStats:

@@ -12,7 +12,7 @@ Runs in vLLM's engine-core process and must never block a scheduler step:
   blocks vLLM allocated; the load goes to the workers in the next metadata.
 * `build_metadata`: the loads above, and a store for every block that becomes full in this
   step (demote-on-store; admission decides). Store slots stay pinned until every worker
-  reported the copy done (`WorkerReport`), then they are committed.
+  reported the copy done (`StoreReport`), then they are committed.
 
 Every KV-cache group is handled. Attention groups need every block of the hit; state
 groups (Mamba, linear attention) need only the state checkpointed at the hit's last
@@ -27,15 +27,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpool_mmap import LoadStatus, LoadTicket, StoreTicket, Tier, TieredStore
-from vllm_kv_astpatch import aligned_external_hit_tokens, hybrid_external_hits_supported
+from kvpool_mmap import LoadStatus, LoadTicket, StoreStats, StoreTicket, Tier, TieredStore
+from vllm_kv_astpatch import aligned_external_hit_tokens
 
 from . import compat
 from .cost import LoadCostModel
 from .keys import block_key, chain_keys
 from .layout import SlotLayout
 from .log import logger
-from .metadata import BlockTransfer, OffloadMetadata, TransferJob, WorkerReport
+from .plan import BlockTransfer, StepPlan, StoreReport, TransferJob
 from .stats import HitCounters
 
 NULL_BLOCK = 0  # vLLM's placeholder block id (skipped window / unallocated positions)
@@ -101,14 +101,6 @@ class OffloadScheduler:
                 odd,
                 block_size,
             )
-        if self._state_groups and not hybrid_external_hits_supported():
-            logger.warning(
-                "this vLLM cannot take external hits on hybrid models (see "
-                "vllm_kv_astpatch.patch_report()); blocks are stored but never loaded"
-            )
-            self._loads_allowed = False
-        else:
-            self._loads_allowed = True
         self._requests: dict[str, _RequestState] = {}
         self._loads_to_send: list[TransferJob] = []
         self._loads_in_flight: dict[str, _Lookup] = {}
@@ -175,7 +167,7 @@ class OffloadScheduler:
 
     def _start_lookup(self, request: Any) -> _Lookup | None:
         hashes = list(request.block_hashes[: self._max_hit_blocks(request)])
-        if not hashes or not self._loads_allowed:
+        if not hashes:
             return None
         found = len(hashes)
         tiers: list[list[Tier]] = []
@@ -266,12 +258,12 @@ class OffloadScheduler:
             state.lookup = None
 
     # -- per step ----------------------------------------------------------------------
-    def build_metadata(self, scheduler_output: Any) -> OffloadMetadata:
+    def build_metadata(self, scheduler_output: Any) -> StepPlan:
         """This step's loads, plus stores of every block that becomes full in it."""
         self._store.tick()
         step = next(self._step_ids)
         self._cost.on_step(step, scheduler_output.total_num_scheduled_tokens)
-        meta = OffloadMetadata(loads=self._loads_to_send, step=step)
+        meta = StepPlan(loads=self._loads_to_send, step=step)
         self._loads_to_send = []
         if not self._enabled:
             return meta
@@ -294,7 +286,7 @@ class OffloadScheduler:
             self._plan_store(state, computed + num_scheduled.get(req_id, 0), meta)
         return meta
 
-    def _plan_store(self, state: _RequestState, computed_after: int, meta: OffloadMetadata) -> None:
+    def _plan_store(self, state: _RequestState, computed_after: int, meta: StepPlan) -> None:
         request = state.request
         full = min(computed_after // self._block_size, len(request.block_hashes))
         if full <= state.stored_blocks or not state.block_ids:
@@ -335,7 +327,7 @@ class OffloadScheduler:
 
     # -- worker feedback ---------------------------------------------------------------
     def on_worker_output(
-        self, finished_recving: set[str] | None, report: WorkerReport | None
+        self, finished_recving: set[str] | None, report: StoreReport | None
     ) -> None:
         """A step's output is back: time the step the workers ran, unpin finished loads,
         commit the stores every worker has finished."""
@@ -365,6 +357,13 @@ class OffloadScheduler:
 
     def has_pending_work(self) -> bool:
         return bool(self._loads_to_send or self._stores_in_flight)
+
+    def store_stats(self) -> StoreStats:
+        return self._store.stats()
+
+    def reset(self) -> int:
+        """Drop every block nothing is using from L1 and L2; the number dropped."""
+        return self._store.clear()
 
     def shutdown(self) -> None:
         self._store.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from kvpool_mmap import StoreStats
@@ -86,3 +87,37 @@ def eviction_line(stats: StoreStats) -> str:
         f"promotes={stats.promotions} hoisted={stats.l1_evictions} "
         f"checksum_failures={stats.checksum_failures} not_stored={stats.store_no_space}"
     )
+
+
+class StatsReporter:
+    """What the connector reports, from cumulative counters: the increments since the
+    last report (vLLM's KV-connector stats) and, every `hit_log_interval` lookups, the
+    hit and eviction log lines."""
+
+    def __init__(
+        self,
+        counters: HitCounters,
+        store_stats: Callable[[], StoreStats],
+        hit_log_interval: int,
+    ) -> None:
+        self._counters = counters
+        self._store_stats = store_stats
+        self._interval = hit_log_interval
+        self._reported: dict[str, int] = {}
+        self._hit_lines_logged = 0
+
+    def due_log_lines(self) -> list[str]:
+        """The hit and eviction lines when another `hit_log_interval` lookups were
+        counted since the last ones, else nothing."""
+        intervals = self._counters.requests // self._interval
+        if intervals <= self._hit_lines_logged:
+            return []
+        self._hit_lines_logged = intervals
+        return [self._counters.hit_line(), eviction_line(self._store_stats())]
+
+    def delta(self) -> dict[str, int]:
+        """Counters that grew since the last call, by how much (nothing when none did)."""
+        now = {**self._counters.as_dict(), **store_counters(self._store_stats())}
+        delta = {key: value - self._reported.get(key, 0) for key, value in now.items()}
+        self._reported.update(now)
+        return {key: value for key, value in delta.items() if value}
