@@ -186,6 +186,7 @@ def test_store_backlog_sheds_over_its_byte_limit() -> None:
     runner.shutdown()
 
 
+@pytest.mark.vllm
 def test_register_is_idempotent_and_honours_vllm_plugins(monkeypatch: Any) -> None:
     import memkv_vllm
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
@@ -199,6 +200,7 @@ def test_register_is_idempotent_and_honours_vllm_plugins(monkeypatch: Any) -> No
     assert memkv_vllm._registered is False
 
 
+@pytest.mark.vllm
 def test_scheduler_adopts_the_prefix_only_if_every_rank_agrees(memkv: MemKVServer) -> None:
     import memkv_client
     from memkv_vllm.direct_manager import adopt_prefix
@@ -232,6 +234,7 @@ def _offloading_config(pp: int = 1, pcp: int = 1, blocks_per_chunk: int = 1) -> 
     )
 
 
+@pytest.mark.vllm
 def test_direct_spec_refuses_pipeline_and_prefill_context_parallelism_and_chunks() -> None:
     from memkv_vllm.spec import MemKVOffloadingSpec
 
@@ -244,6 +247,7 @@ def test_direct_spec_refuses_pipeline_and_prefill_context_parallelism_and_chunks
         MemKVOffloadingSpec(_offloading_config(blocks_per_chunk=4))
 
 
+@pytest.mark.vllm
 def test_hash_seed_warning_follows_the_vllm_version(monkeypatch: Any) -> None:
     from memkv_vllm._compat import hash_seed_problem
     from vllm.v1.core import kv_cache_utils
