@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +13,6 @@ from memkv_vllm.jobs import JobOutcome, JobRunner
 from memkv_vllm.load_errors import LoadErrors, attached, current
 from memkv_vllm.lookup import Answer, BatchedLookup
 from memkv_vllm.naming import MAX_NAME, TierNamer, direct_key, direct_prefix
-from memkv_vllm.weights import weights_fingerprint
 
 
 def test_tier_config_names_the_bad_key_and_the_accepted_values() -> None:
@@ -65,17 +63,6 @@ def test_direct_keys_are_rank_qualified_under_one_digest() -> None:
     assert k0 != k1
     assert k0.startswith(prefix)
     assert len(k0) == len(prefix) + 2 + 36
-
-
-def test_weights_fingerprint_changes_with_the_checkpoint(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text("{}")
-    (tmp_path / "model.safetensors").write_bytes(b"a" * 300_000)
-    first = weights_fingerprint(str(tmp_path))
-    other = tmp_path / "other"
-    other.mkdir()
-    (other / "config.json").write_text("{}")
-    (other / "model.safetensors").write_bytes(b"a" * 299_999 + b"b")
-    assert weights_fingerprint(str(other)) != first
 
 
 def test_lookup_sends_one_round_per_flush_and_caches_answers(memkv: MemKVServer) -> None:

@@ -22,12 +22,13 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from vllm_kv_identity import key_group, weights_fingerprint
+
 from . import _compat as c
 from ._client import connect
 from .jobs import JobOutcome, JobRunner
 from .load_errors import current as current_load_errors
 from .naming import direct_key, direct_prefix, publish_key
-from .weights import weights_fingerprint
 
 __all__ = ["MemKVDirectWorker", "choose_scratch_medium"]
 
@@ -143,7 +144,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             raise RuntimeError(f"{len(keys)} keys for {len(ids)} GPU blocks")
         plan = []
         for key, block in zip(keys, ids, strict=True):
-            group = int.from_bytes(key[-4:], "big")
+            group = key_group(key)
             plan.append((direct_key(self.prefix, self.rank, key), group, block))
         return plan
 

@@ -17,6 +17,7 @@ from collections.abc import Collection, Iterable
 from typing import Any, ClassVar
 
 import numpy as np
+from vllm_kv_identity import weights_fingerprint
 
 from . import _compat as c
 from ._client import connect, warn_if_hashes_differ_per_process
@@ -36,7 +37,6 @@ from .metrics import (
     metric_definitions,
 )
 from .naming import TierNamer
-from .weights import weights_fingerprint
 
 __all__ = ["MemKVTierManager", "memkv"]
 

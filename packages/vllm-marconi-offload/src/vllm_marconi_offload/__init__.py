@@ -11,16 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import vllm_kv_astpatch
-
 from ._version import __version__
 from .config import ConfigError, OffloadConfig
 
-__all__ = ["PATCH_STATUS", "ConfigError", "MarconiOffloadConnector", "OffloadConfig", "__version__"]
-
-# Lets external hits reach hybrid (Mamba) models on vLLM releases that still guard against
-# them; a no-op ("not-needed") elsewhere. Idempotent and fail-closed.
-vllm_kv_astpatch.apply_hybrid_patch()
+__all__ = ["ConfigError", "MarconiOffloadConnector", "OffloadConfig", "__version__"]
 
 if TYPE_CHECKING:
     from .connector import MarconiOffloadConnector
@@ -35,8 +29,6 @@ def __getattr__(name: str) -> object:
         from .connector import MarconiOffloadConnector
 
         return MarconiOffloadConnector
-    if name == "PATCH_STATUS":  # read live: "applied" / "not-needed" / "skipped-<reason>"
-        return vllm_kv_astpatch.PATCH_STATUS
     if name in _RENAMED:
         raise ValueError(
             f'"kv_connector": "{name}" with "kv_connector_module_path": '

@@ -16,7 +16,7 @@ Runs in vLLM's engine-core process and must never block a scheduler step:
 
 Every KV-cache group is handled. Attention groups need every block of the hit; state
 groups (Mamba, linear attention) need only the state checkpointed at the hit's last
-block, and hits end on their alignment (`vllm_kv_astpatch.aligned_external_hit_tokens`).
+block, and hits end on their alignment (`vllm_kv_identity.aligned_external_hit_tokens`).
 The store's own index decides hits: vLLM's BlockPool is never touched.
 """
 
@@ -28,11 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool_mmap import LoadStatus, LoadTicket, StoreStats, StoreTicket, Tier, TieredStore
-from vllm_kv_astpatch import aligned_external_hit_tokens
+from vllm_kv_identity import aligned_external_hit_tokens, block_key, chain_keys
 
 from . import compat
 from .cost import LoadCostModel
-from .keys import block_key, chain_keys
 from .layout import SlotLayout
 from .log import logger
 from .plan import BlockTransfer, StepPlan, StoreReport, TransferJob

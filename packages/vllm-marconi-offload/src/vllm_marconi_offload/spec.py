@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvpool_mmap import StoreConfig, TieredStore
+from vllm_kv_identity import restart_hash_problem
 
 from . import compat
 from .config import OffloadConfig
 from .cost import LoadCostModel
-from .keys import restart_hash_problem
 from .layout import SlotLayout
 from .log import logger
 from .pool import adopt_physical_layout, build_store_config, unlink_anonymous_l1
