@@ -237,7 +237,7 @@ def integration(session: nox.Session, vllm: str) -> None:
     install_package(session, "vllm-kv-astpatch", extra=None)
     suites.append(str(PACKAGES["vllm-kv-astpatch"] / "tests" / "test_real_vllm.py"))
     # vllm-kv-identity (a dependency of both plugins) on vLLM's own KVCacheConfig classes
-    suites.append(str(PACKAGES["vllm-kv-identity"] / "tests" / "test_real_vllm.py"))
+    suites.append(str(PACKAGES["vllm-kv-identity"] / "tests" / "test_alignment_real_vllm.py"))
     session.run("pytest", *suites, str(INTEGRATION), *session.posargs, env=vllm_env())
 
 
