@@ -10,8 +10,8 @@ In vLLM, workers map their rank's L1 file with `open_l1_rank(config, rank, creat
 and the scheduler owns `TieredStore(config, create_l1=False)`.
 """
 
-from ._codec import FORMAT_VERSION, HEADER_BYTES
-from ._config import MAX_KEY_BYTES, PAGE, StoreConfig, TierConfig
+from ._codec import FORMAT_VERSION
+from ._config import HEADER_BYTES, MAX_KEY_BYTES, PAGE, StoreConfig, TierConfig
 from ._errors import (
     ConfigError,
     InsufficientSpaceError,

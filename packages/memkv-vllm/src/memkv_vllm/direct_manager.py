@@ -18,6 +18,7 @@ from typing import Any
 from . import _compat as c
 from ._client import connect, warn_if_hashes_differ_per_process
 from .load_errors import current as current_load_errors
+from .load_store_spec import MemKVLoadStoreSpec
 from .lookup import Answer, BatchedLookup
 from .metrics import LOOKUP_ROUNDS, LOOKUPS, TierMetrics
 from .naming import direct_key, publish_key
@@ -97,8 +98,6 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
         return _RESULT[answer]
 
     def prepare_load(self, keys: Collection[Any], req_context: Any) -> Any:
-        from .spec import MemKVLoadStoreSpec
-
         return MemKVLoadStoreSpec(list(keys))
 
     def touch(self, keys: Collection[Any], req_context: Any) -> None:
@@ -108,8 +107,6 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
         return None
 
     def prepare_store(self, keys: Collection[Any], req_context: Any) -> Any:
-        from .spec import MemKVLoadStoreSpec
-
         todo = [k for k in keys if self._lookup.peek_all(self._names(k)) is not Answer.HIT]
         return c.PrepareStoreOutput(
             keys_to_store=todo, store_spec=MemKVLoadStoreSpec(todo), evicted_keys=[]

@@ -12,19 +12,11 @@ from typing import Any
 
 from . import _compat as c
 from .config import ConfigError, DirectConfig
+from .direct_manager import MemKVDirectManager
+from .load_store_spec import MemKVLoadStoreSpec
 from .metrics import metric_definitions
 
 __all__ = ["MemKVLoadStoreSpec", "MemKVOffloadingSpec"]
-
-
-class MemKVLoadStoreSpec(c.LoadStoreSpec):  # type: ignore[misc]
-    """The OffloadKeys of a transfer, in the order of the GPU blocks they pair with."""
-
-    def __init__(self, keys: list[bytes]) -> None:
-        self.keys = keys
-
-    def __repr__(self) -> str:
-        return f"MemKVLoadStoreSpec({len(self.keys)} keys)"
 
 
 class MemKVOffloadingSpec(c.OffloadingSpec):  # type: ignore[misc]
@@ -58,8 +50,6 @@ class MemKVOffloadingSpec(c.OffloadingSpec):  # type: ignore[misc]
 
     def get_manager(self) -> Any:
         if self._manager is None:
-            from .direct_manager import MemKVDirectManager
-
             self._manager = MemKVDirectManager(self)
         return self._manager
 
