@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _compat as c
 from ._client import connect, warn_if_hashes_differ_per_process
@@ -22,6 +22,9 @@ from .load_store_spec import MemKVLoadStoreSpec
 from .lookup import Answer, BatchedLookup
 from .metrics import LOOKUP_ROUNDS, LOOKUPS, TierMetrics
 from .naming import direct_key, publish_key
+
+if TYPE_CHECKING:
+    from .spec import MemKVOffloadingSpec
 
 __all__ = ["MemKVDirectManager", "adopt_prefix"]
 
@@ -68,7 +71,7 @@ def adopt_prefix(client: Any, engine_id: str, world_size: int, timeout: float) -
 
 
 class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
-    def __init__(self, spec: Any) -> None:
+    def __init__(self, spec: MemKVOffloadingSpec) -> None:
         cfg = spec.cfg
         warn_if_hashes_differ_per_process()
         self._client = connect(True, "direct scheduler")

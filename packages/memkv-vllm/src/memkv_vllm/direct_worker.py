@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_kv_identity import key_group, weights_fingerprint
 
@@ -29,6 +29,9 @@ from ._client import connect
 from .jobs import JobOutcome, JobRunner
 from .load_errors import current as current_load_errors
 from .naming import direct_key, direct_prefix, publish_key
+
+if TYPE_CHECKING:
+    from .spec import MemKVOffloadingSpec
 
 __all__ = ["MemKVDirectWorker", "choose_scratch_medium"]
 
@@ -63,7 +66,7 @@ def choose_scratch_medium(setting: str, device: Any, has_rdma: bool) -> str:
 
 
 class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
-    def __init__(self, spec: Any, kv_caches: Any) -> None:
+    def __init__(self, spec: MemKVOffloadingSpec, kv_caches: Any) -> None:
         import torch
 
         cfg = spec.cfg

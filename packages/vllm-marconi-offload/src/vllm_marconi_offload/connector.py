@@ -6,7 +6,7 @@ the WORKER role in each worker; each delegates to `OffloadScheduler` or `Offload
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -24,11 +24,23 @@ from .spec import OffloadSpec
 from .stats import StatsReporter
 from .worker import OffloadWorker
 
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
 
 class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     """Two-tier (RAM + disk) CPU KV offload with Marconi eviction."""
 
-    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         spec = OffloadSpec.from_vllm_config(vllm_config, kv_cache_config)
         self._scheduler: OffloadScheduler | None = None
@@ -43,11 +55,11 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
             self._worker = spec.worker(compat.tensor_parallel_rank())
 
     # -- worker side -------------------------------------------------------------------
-    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self._worker is not None
         self._worker.register_kv_caches(kv_caches)
 
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         assert self._worker is not None
         self._worker.start_loads(self._meta())
 
@@ -55,7 +67,7 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
         return None
 
     def save_kv_layer(
-        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
     ) -> None:
         return None
 
@@ -78,16 +90,18 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
 
     # -- scheduler side ----------------------------------------------------------------
     def get_num_new_matched_tokens(
-        self, request: Any, num_computed_tokens: int
+        self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         assert self._scheduler is not None
         return self._scheduler.lookup(request, num_computed_tokens)
 
-    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
         assert self._scheduler is not None
         self._scheduler.allocated(request, blocks.get_block_ids(), num_external_tokens)
 
-    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self._scheduler is not None
         meta = OffloadMetadata.of(self._scheduler.build_metadata(scheduler_output))
         assert self._reporter is not None
@@ -95,20 +109,20 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
             logger.info(line)
         return meta
 
-    def update_connector_output(self, connector_output: Any) -> None:
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         assert self._scheduler is not None
         report = getattr(connector_output, "kv_connector_worker_meta", None)
         self._scheduler.on_worker_output(connector_output.finished_recving, report)
 
     def request_finished(
-        self, request: Any, block_ids: list[int]
+        self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
         self._scheduler.request_finished(request.request_id)
         return False, None
 
     def request_finished_all_groups(
-        self, request: Any, block_ids: tuple[list[int], ...]
+        self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
         return self.request_finished(request, list(block_ids[0]) if block_ids else [])
 
@@ -141,7 +155,7 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
     @classmethod
     def build_prom_metrics(
         cls,
-        vllm_config: Any,
+        vllm_config: VllmConfig,
         metric_types: dict[type, type],
         labelnames: list[str],
         per_engine_labelvalues: dict[int, list[object]],

@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvpool_mmap import LoadStatus, LoadTicket, StoreStats, StoreTicket, Tier, TieredStore
 from vllm_kv_identity import aligned_external_hit_tokens, block_key, chain_keys
@@ -36,6 +36,11 @@ from .layout import SlotLayout
 from .log import logger
 from .plan import BlockTransfer, StepPlan, StoreReport, TransferJob
 from .stats import HitCounters
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
 
 NULL_BLOCK = 0  # vLLM's placeholder block id (skipped window / unallocated positions)
 
@@ -56,7 +61,7 @@ class _Lookup:
 
 @dataclass
 class _RequestState:
-    request: Any
+    request: Request
     block_ids: list[list[int]] = field(default_factory=list)
     stored_blocks: int = 0
     lookup: _Lookup | None = None
@@ -79,7 +84,7 @@ class OffloadScheduler:
         layout: SlotLayout,
         block_size: int,
         world_size: int,
-        kv_cache_config: Any,
+        kv_cache_config: KVCacheConfig,
         cost: LoadCostModel,
     ) -> None:
         self._store = store
@@ -109,7 +114,7 @@ class OffloadScheduler:
         self.counters = HitCounters()
 
     # -- lookups ---------------------------------------------------------------------
-    def lookup(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def lookup(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """External tokens beyond `num_computed_tokens` ready in L1 (None: ask again)."""
         state = self._requests.setdefault(request.request_id, _RequestState(request))
         if state.lookup is None and self._local_hit_is_complete(request, num_computed_tokens):
@@ -134,12 +139,12 @@ class OffloadScheduler:
             return 0, False
         return external, True
 
-    def _max_hit_blocks(self, request: Any) -> int:
+    def _max_hit_blocks(self, request: Request) -> int:
         """Blocks a hit may cover: hashed ones, leaving at least one token to compute (vLLM
         needs a forward pass to sample)."""
         return min(int(request.num_tokens - 1) // self._block_size, len(request.block_hashes))
 
-    def _local_hit_is_complete(self, request: Any, num_computed_tokens: int) -> bool:
+    def _local_hit_is_complete(self, request: Request, num_computed_tokens: int) -> bool:
         return num_computed_tokens >= self._max_hit_blocks(request) * self._block_size
 
     def _count_lookup(self, state: _RequestState) -> None:
@@ -164,7 +169,7 @@ class OffloadScheduler:
             return 0  # the state at the hit's end is gone: nothing before it is usable
         return min((t.ready_prefix for t in lookup.chains.values()), default=lookup.blocks)
 
-    def _start_lookup(self, request: Any) -> _Lookup | None:
+    def _start_lookup(self, request: Request) -> _Lookup | None:
         hashes = list(request.block_hashes[: self._max_hit_blocks(request)])
         if not hashes:
             return None
@@ -223,7 +228,7 @@ class OffloadScheduler:
         return 0
 
     # -- allocation --------------------------------------------------------------------
-    def allocated(self, request: Any, block_ids: tuple[list[int], ...], external: int) -> None:
+    def allocated(self, request: Request, block_ids: tuple[list[int], ...], external: int) -> None:
         """vLLM allocated GPU blocks; queue the L1 -> GPU load of the external tokens."""
         state = self._requests.setdefault(request.request_id, _RequestState(request))
         state.block_ids = [list(ids) for ids in block_ids]
@@ -257,7 +262,7 @@ class OffloadScheduler:
             state.lookup = None
 
     # -- per step ----------------------------------------------------------------------
-    def build_metadata(self, scheduler_output: Any) -> StepPlan:
+    def build_metadata(self, scheduler_output: SchedulerOutput) -> StepPlan:
         """This step's loads, plus stores of every block that becomes full in it."""
         self._store.tick()
         step = next(self._step_ids)

@@ -10,7 +10,7 @@ process, `worker(rank)` in each worker. Importing it does not import vLLM (nor t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvpool_mmap import StoreConfig, TieredStore
 from vllm_kv_identity import restart_hash_problem
@@ -24,6 +24,9 @@ from .pool import adopt_physical_layout, build_store_config, unlink_anonymous_l1
 from .scheduler import OffloadScheduler
 
 if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
     from .worker import OffloadWorker
 
 
@@ -37,20 +40,22 @@ class OffloadSpec:
     """Tokens per block as the scheduler hashes them."""
     store_config: StoreConfig
     tensor_parallel_size: int
-    kv_cache_config: Any
+    kv_cache_config: KVCacheConfig
     vllm_version: str
     hash_algorithm: str
 
     @classmethod
-    def from_vllm_config(cls, vllm_config: Any, kv_cache_config: Any) -> OffloadSpec:
+    def from_vllm_config(
+        cls, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig
+    ) -> OffloadSpec:
         """Validate the connector's settings against this engine and derive the rest.
 
         Raises `ConfigError` for a bad `kv_connector_extra_config` and `ValueError` for
         pipeline parallelism; warns (once per process) on an untested vLLM version.
         """
-        config = OffloadConfig.from_extra_config(
-            vllm_config.kv_transfer_config.kv_connector_extra_config
-        )
+        transfer = vllm_config.kv_transfer_config
+        assert transfer is not None, "vLLM builds a KV connector only from a kv_transfer_config"
+        config = OffloadConfig.from_extra_config(transfer.kv_connector_extra_config)
         version = compat.vllm_version()
         unsupported = compat.check_supported(version)
         if unsupported:
