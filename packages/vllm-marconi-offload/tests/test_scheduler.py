@@ -53,28 +53,24 @@ def request(req_id: str, blocks: list[str], extra_tokens: int = 1) -> SimpleName
     )
 
 
-def new_request_output(req: SimpleNamespace, block_ids: list[list[int]]) -> SimpleNamespace:
-    """A step scheduling the whole prompt of `req`, new to the workers."""
-    new = SimpleNamespace(req_id=req.request_id, block_ids=block_ids, num_computed_tokens=0)
+def scheduler_output(
+    *new_requests: SimpleNamespace, **block_ids: list[list[int]]
+) -> SimpleNamespace:
+    """A step scheduling the whole prompt of each new request (block ids by request id);
+    with none, a step that schedules nothing new."""
+    new = [
+        SimpleNamespace(
+            req_id=r.request_id, block_ids=block_ids[r.request_id], num_computed_tokens=0
+        )
+        for r in new_requests
+    ]
     cached = SimpleNamespace(
         req_ids=[], new_block_ids=[], num_computed_tokens=[], resumed_req_ids=set()
     )
     return SimpleNamespace(
-        total_num_scheduled_tokens=req.num_tokens,
-        num_scheduled_tokens={req.request_id: req.num_tokens},
-        scheduled_new_reqs=[new],
-        scheduled_cached_reqs=cached,
-    )
-
-
-def idle_output() -> SimpleNamespace:
-    cached = SimpleNamespace(
-        req_ids=[], new_block_ids=[], num_computed_tokens=[], resumed_req_ids=set()
-    )
-    return SimpleNamespace(
-        total_num_scheduled_tokens=0,
-        num_scheduled_tokens={},
-        scheduled_new_reqs=[],
+        total_num_scheduled_tokens=sum(r.num_tokens for r in new_requests),
+        num_scheduled_tokens={r.request_id: r.num_tokens for r in new_requests},
+        scheduled_new_reqs=new,
         scheduled_cached_reqs=cached,
     )
 
@@ -128,7 +124,7 @@ class Engine:
         """vLLM computes the whole prompt: no hit, then one step storing its full blocks."""
         assert self.lookup(req) == (0, False)
         self.scheduler.allocated(req, tuple(block_ids), 0)
-        return self.scheduler.build_metadata(new_request_output(req, block_ids))
+        return self.scheduler.build_metadata(scheduler_output(req, **{req.request_id: block_ids}))
 
     def report(self, plan: StepPlan, workers: int | None = None) -> None:
         """`workers` of the engine's workers finished every store of `plan`."""
@@ -168,7 +164,7 @@ def test_a_stored_prefix_is_pinned_by_its_lookup_and_loaded_into_the_new_blocks(
     assert engine.lookup(second) == (3 * BLOCK, True)
     assert engine.scheduler.reset() == 0  # pinned by the lookup: nothing can be dropped
     engine.scheduler.allocated(second, ([7, 8, 9, 10],), 3 * BLOCK)
-    plan = engine.scheduler.build_metadata(idle_output())
+    plan = engine.scheduler.build_metadata(scheduler_output())
     [load] = plan.loads
     assert load.req_id == "b"
     assert load.transfers[0].gpu_blocks == (7, 8, 9)
@@ -233,7 +229,7 @@ def test_hybrid_hits_need_the_state_checkpoint_at_their_last_block(
     hit = request("b", ["x", "y", "z"])
     assert engine.lookup(hit) == (3 * BLOCK, True)
     engine.scheduler.allocated(hit, ([7, 8, 9, 10], [11, 12, 13, 14]), 3 * BLOCK)
-    [load] = engine.scheduler.build_metadata(idle_output()).loads
+    [load] = engine.scheduler.build_metadata(scheduler_output()).loads
     assert [(t.group_id, t.gpu_blocks) for t in load.transfers] == [(0, (7, 8, 9)), (1, (13,))]
     assert slots_of(load, group=1) == slots_of(store, group=1)
 
@@ -264,7 +260,7 @@ def test_l2_hits_are_recomputed_when_slower_and_probed_after_a_run_of_skips(
     assert engine.lookup_ready(probe) == BLOCK  # only the first block is read
     assert engine.scheduler.counters.l2_skipped_blocks == 3 * PROBE_AFTER_SKIPS + 2
     engine.scheduler.allocated(probe, ([5, 6, 7, 8],), BLOCK)
-    [load] = engine.scheduler.build_metadata(idle_output()).loads
+    [load] = engine.scheduler.build_metadata(scheduler_output()).loads
     assert load.transfers[0].gpu_blocks == (5,)
     assert np.all(engine.store.l1_files[0].array[list(slots_of(load))] == 7)
     assert engine.scheduler.counters.hit_tokens_l2 == BLOCK

@@ -6,35 +6,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from kvpool_mmap import TieredStore
+from test_pool import fake_vllm_config, layout
 from vllm_marconi_offload.config import OffloadConfig
-from vllm_marconi_offload.layout import SlotLayout
 from vllm_marconi_offload.pool import build_store_config
 
 KEYS = [b"k0", b"k1"]
 HUB_ID = "org/tiny-model"
-
-
-def fake_vllm_config(model: str) -> SimpleNamespace:
-    """The VllmConfig fields the pool reads; `revision` unset, as by default."""
-    return SimpleNamespace(
-        model_config=SimpleNamespace(model=model, revision=None, dtype="bfloat16"),
-        cache_config=SimpleNamespace(cache_dtype="auto"),
-        parallel_config=SimpleNamespace(
-            tensor_parallel_size=1, data_parallel_size=1, data_parallel_rank=0
-        ),
-        kv_transfer_config=SimpleNamespace(engine_id="e1"),
-    )
-
-
-def layout() -> SlotLayout:
-    spec = SimpleNamespace(page_size_bytes=4096, block_size=32, head_size=64)
-    group = SimpleNamespace(layer_names=["l0"], kv_cache_spec=spec)
-    return SlotLayout.from_kv_cache_config(SimpleNamespace(kv_cache_groups=[group], num_blocks=8))
 
 
 def hub_snapshot(cache: Path, commit: str) -> None:
@@ -59,17 +40,17 @@ def engine_finds_blocks(tmp_path: Path, model: str, extra: dict[str, str]) -> in
     config = OffloadConfig.from_extra_config(
         {
             "cpu_pool_path": str(tmp_path / "l1"),
-            "cpu_bytes_to_use": 8 * 4096,
+            "cpu_bytes_to_use": 8 * 8192,
             "l2_pool_path": str(tmp_path / "l2"),
             "l2_bytes_to_use": 1 << 20,
             **extra,
         }
     )
-    store = TieredStore(build_store_config(fake_vllm_config(model), config, layout(), 32))
+    store = TieredStore(build_store_config(fake_vllm_config(Path(model)), config, layout(), 32))
     try:
         found = len(store.lookup(KEYS))
         if not found:
-            store.put(KEYS, np.ones((len(KEYS), 4096), dtype=np.uint8))
+            store.put(KEYS, np.ones((len(KEYS), store.config.stride), dtype=np.uint8))
         return found
     finally:
         store.close()  # flushes to L2
