@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -137,9 +138,15 @@ class Engine:
 
 
 @pytest.fixture
-def engines(tmp_path: Path) -> Iterator[list[Engine]]:
+def start(tmp_path: Path) -> Iterator[Callable[..., Engine]]:
+    """Starts an `Engine` over the store in `tmp_path` (closed after the test)."""
     opened: list[Engine] = []
-    yield opened
+
+    def start_engine(*specs: SimpleNamespace, **options: Any) -> Engine:
+        opened.append(Engine(tmp_path, *(specs or (attention_spec(),)), **options))
+        return opened[-1]
+
+    yield start_engine
     for engine in opened:
         engine.close()
 
@@ -149,10 +156,9 @@ def slots_of(job: TransferJob, group: int = 0) -> tuple[int, ...]:
 
 
 def test_a_stored_prefix_is_pinned_by_its_lookup_and_loaded_into_the_new_blocks(
-    tmp_path: Path, engines: list[Engine]
+    start: Callable[..., Engine],
 ) -> None:
-    engine = Engine(tmp_path, attention_spec())
-    engines.append(engine)
+    engine = start()
     first = request("a", ["x", "y", "z"])
     plan = engine.prefill(first, [[1, 2, 3, 4]])
     [store] = plan.stores
@@ -177,11 +183,8 @@ def test_a_stored_prefix_is_pinned_by_its_lookup_and_loaded_into_the_new_blocks(
     assert engine.scheduler.reset() == 3  # unpinned once the workers finished loading
 
 
-def test_vllms_own_hit_or_a_partial_one_is_not_offered_again(
-    tmp_path: Path, engines: list[Engine]
-) -> None:
-    engine = Engine(tmp_path, attention_spec())
-    engines.append(engine)
+def test_vllms_own_hit_or_a_partial_one_is_not_offered_again(start: Callable[..., Engine]) -> None:
+    engine = start()
     engine.report(engine.prefill(request("a", ["x", "y"]), [[1, 2, 3]]))
     longer = request("b", ["x", "y", "w"])
     assert engine.lookup(longer, computed=BLOCK) == (BLOCK, True)  # beyond vLLM's block
@@ -191,10 +194,9 @@ def test_vllms_own_hit_or_a_partial_one_is_not_offered_again(
 
 
 def test_a_store_is_committed_only_after_every_worker_reported(
-    tmp_path: Path, engines: list[Engine]
+    start: Callable[..., Engine],
 ) -> None:
-    engine = Engine(tmp_path, attention_spec(), world_size=2)
-    engines.append(engine)
+    engine = start(world_size=2)
     plan = engine.prefill(request("a", ["x", "y"]), [[1, 2, 3]])
     assert engine.scheduler.has_pending_work()
 
@@ -207,19 +209,17 @@ def test_a_store_is_committed_only_after_every_worker_reported(
     assert engine.lookup(request("c", ["x", "y"])) == (2 * BLOCK, True)
 
 
-def test_an_unreported_store_is_never_committed(tmp_path: Path, engines: list[Engine]) -> None:
-    engine = Engine(tmp_path, attention_spec())
-    engines.append(engine)
+def test_an_unreported_store_is_never_committed(start: Callable[..., Engine]) -> None:
+    engine = start()
     engine.prefill(request("a", ["x", "y"]), [[1, 2, 3]])
     engine.scheduler.on_worker_output(None, StoreReport(step=0))  # the step ran, no store done
     assert engine.lookup(request("b", ["x", "y"])) == (0, False)
 
 
 def test_hybrid_hits_need_the_state_checkpoint_at_their_last_block(
-    tmp_path: Path, engines: list[Engine]
+    start: Callable[..., Engine],
 ) -> None:
-    engine = Engine(tmp_path, attention_spec(), mamba_spec())
-    engines.append(engine)
+    engine = start(attention_spec(), mamba_spec())
     plan = engine.prefill(request("a", ["x", "y", "z"], extra_tokens=0), [[1, 2, 3], [4, 5, 6]])
     [store] = plan.stores
     # attention: every block; state: only the checkpoint at the last full block
@@ -238,7 +238,7 @@ def test_hybrid_hits_need_the_state_checkpoint_at_their_last_block(
 
 
 def test_l2_hits_are_recomputed_when_slower_and_probed_after_a_run_of_skips(
-    tmp_path: Path, engines: list[Engine]
+    tmp_path: Path, start: Callable[..., Engine]
 ) -> None:
     writer = Engine(tmp_path, attention_spec(), l2=True)
     plan = writer.prefill(request("a", ["x", "y", "z"]), [[1, 2, 3, 4]])
@@ -249,8 +249,7 @@ def test_l2_hits_are_recomputed_when_slower_and_probed_after_a_run_of_skips(
 
     # Reading L2 is assumed far slower than recomputing: skip, then probe.
     slow_disk = LoadCostModel(l2_read_bytes_per_s=1.0, prefill_tokens_per_s=1e12)
-    engine = Engine(tmp_path, attention_spec(), l2=True, cost=slow_disk)
-    engines.append(engine)
+    engine = start(l2=True, cost=slow_disk)
     for i in range(PROBE_AFTER_SKIPS):
         assert engine.lookup(request(f"skip{i}", ["x", "y", "z"])) == (0, False)
         engine.scheduler.request_finished(f"skip{i}")
@@ -267,22 +266,18 @@ def test_l2_hits_are_recomputed_when_slower_and_probed_after_a_run_of_skips(
 
 
 def test_l2_hits_are_loaded_while_prefill_is_unmeasured(
-    tmp_path: Path, engines: list[Engine]
+    tmp_path: Path, start: Callable[..., Engine]
 ) -> None:
     writer = Engine(tmp_path, attention_spec(), l2=True)
     writer.report(writer.prefill(request("a", ["x", "y"]), [[1, 2, 3]]))
     writer.close()
-    engine = Engine(tmp_path, attention_spec(), l2=True)
-    engines.append(engine)
+    engine = start(l2=True)
     assert engine.lookup_ready(request("b", ["x", "y"])) == 2 * BLOCK
     assert engine.scheduler.counters.l2_skipped_blocks == 0
 
 
-def test_a_finished_request_releases_its_pinned_lookup(
-    tmp_path: Path, engines: list[Engine]
-) -> None:
-    engine = Engine(tmp_path, attention_spec())
-    engines.append(engine)
+def test_a_finished_request_releases_its_pinned_lookup(start: Callable[..., Engine]) -> None:
+    engine = start()
     engine.report(engine.prefill(request("a", ["x", "y"]), [[1, 2, 3]]))
     assert engine.lookup(request("b", ["x", "y"])) == (2 * BLOCK, True)
     assert engine.scheduler.reset() == 0
