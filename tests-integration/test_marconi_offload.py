@@ -123,9 +123,13 @@ def test_l2_hits_after_engine_restart(
         {"model": tiny_llama, "kv_transfer_config": config, "phases": [{"prompts": [PROMPT_A]}]}
     )
     assert first.cached(0) == [0]
+    assert "L2 recovery: 0 blocks recovered" in first.last_line("L2 recovery:")
     second = run_engine(
         {"model": tiny_llama, "kv_transfer_config": config, "phases": [{"prompts": [PROMPT_A]}]}
     )
+    recovery = second.last_line("L2 recovery:")
+    assert int(re.search(r"(\d+) blocks recovered", recovery).group(1)) > 0
+    assert ", 0 dropped (" in recovery
     assert second.tokens(0) == baseline.tokens(0)[:1]
     assert second.cached(0) == [full_blocks(PROMPT_A)]
     assert hit_percent(second, "l2") > 0

@@ -43,6 +43,7 @@ CONFIG = {
 
 
 SMOKE = os.environ.get("GPU_BENCH_SMOKE") == "1"
+EAGER = os.environ.get("GPU_BENCH_EAGER") == "1"
 if SMOKE:
     CONFIG.update(
         hidden_size=256,
@@ -88,29 +89,31 @@ def engine_args(**overrides: Any) -> dict[str, Any]:
         "dtype": "bfloat16",
         "enable_prefix_caching": True,
         "seed": 0,
-        "enforce_eager": True,
+        "enforce_eager": EAGER,
         "max_num_batched_tokens": 16384,
     }
     args.update(overrides)
     if SMOKE:
-        args.update(kv_cache_memory_bytes=256 << 20, max_model_len=8192)
+        args.update(kv_cache_memory_bytes=256 << 20, max_model_len=8192, enforce_eager=True)
         args.pop("gpu_memory_utilization", None)
     return args
 
 
-def kv_transfer(mode: str, cpu_bytes: int, l2_dir: str | None = None) -> Any:
-    """The KVTransferConfig of `mode`: ours, native (OffloadingConnector), simple, or none."""
+def kv_transfer(
+    mode: str, cpu_bytes: int, l2_dir: str | None = None, l2_bytes: int | None = None
+) -> Any:
+    """The KVTransferConfig of `mode`: ours, native (OffloadingConnector), simple, or none.
+    Ours gets an L2 in `l2_dir` of `l2_bytes` (default 4x `cpu_bytes`) if `l2_dir` is set."""
     from vllm.config import KVTransferConfig
 
     if mode == "ours":
         extra: dict[str, Any] = {
             "cpu_pool_path": L1_DIR,
             "cpu_bytes_to_use": cpu_bytes,
-            "eviction_policy": "lru",
             "hit_log_interval": 1,
         }
         if l2_dir is not None:
-            extra.update(l2_pool_path=l2_dir, l2_bytes_to_use=4 * cpu_bytes)
+            extra.update(l2_pool_path=l2_dir, l2_bytes_to_use=l2_bytes or 4 * cpu_bytes)
         return KVTransferConfig(
             kv_connector="MarconiOffloadConnector",
             kv_connector_module_path="vllm_marconi_offload",

@@ -6,8 +6,9 @@ below the live context, so without offload every round re-prefills; with a CPU t
 prefixes come back from host memory. Reports wall time and cached tokens per round.
 
 Usage: python multiturn_bench.py MODE [SESSIONS] [CONTEXT] [ROUNDS]
-MODE: plain | ours | native (OffloadingConnector) | simple (SimpleCPUOffloadConnector)
-Writes $OUT/multiturn-MODE.json.
+MODE: plain | ideal (no offload, HBM KV 64 GiB: every session stays resident) | ours |
+ours-l2 (L1 16 GiB + L2 40 GiB on local disk) | native (OffloadingConnector) |
+simple (SimpleCPUOffloadConnector). Writes $OUT/multiturn-MODE.json.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ import model_8b
 import repo_path
 
 CPU_TIER_BYTES = 64 << 30
+HBM_KV_BYTES = 12 << 30
+IDEAL_HBM_KV_BYTES = 64 << 30
+L2_VARIANT_L1_BYTES = 16 << 30
+L2_VARIANT_L2_BYTES = 40 << 30
+L2_DIR = "/tmp/kvl2-multiturn"
 
 
 def main() -> None:
@@ -32,13 +38,15 @@ def main() -> None:
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 4
     repo_path.add_sources()
     model_8b.prepare_environment()
-    model_8b.fresh_pools()
+    model_8b.fresh_pools(L2_DIR)
     from vllm import LLM, SamplingParams
 
-    args = model_8b.engine_args(
-        max_model_len=32768, kv_cache_memory_bytes=12 << 30, max_num_seqs=64
-    )
-    transfer = model_8b.kv_transfer(mode, CPU_TIER_BYTES)
+    hbm = IDEAL_HBM_KV_BYTES if mode == "ideal" else HBM_KV_BYTES
+    args = model_8b.engine_args(max_model_len=32768, kv_cache_memory_bytes=hbm, max_num_seqs=64)
+    if mode == "ours-l2":
+        transfer = model_8b.kv_transfer("ours", L2_VARIANT_L1_BYTES, L2_DIR, L2_VARIANT_L2_BYTES)
+    else:
+        transfer = model_8b.kv_transfer(mode, CPU_TIER_BYTES)
     if transfer is not None:
         args["kv_transfer_config"] = transfer
     start = time.time()
@@ -48,6 +56,7 @@ def main() -> None:
         "sessions": sessions,
         "context": context,
         "startup_s": round(time.time() - start, 1),
+        "eager": model_8b.EAGER,
     }
     rng = random.Random(0)
     history = [[rng.randrange(3, model_8b.VOCAB) for _ in range(context)] for _ in range(sessions)]

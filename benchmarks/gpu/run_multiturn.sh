@@ -1,10 +1,30 @@
 #!/usr/bin/env bash
 # On the GPU host, after install.sh: the multi-turn benchmark for each mode, one process each.
-# Usage: bash run_multiturn.sh [MODES]   (from this folder; results and log under $OUT)
+# Usage: bash run_multiturn.sh [MODES]   (from this folder; results and logs under $OUT)
+# PYSPY=/path/to/py-spy also records the engine core's stacks for the whole run
+# ($OUT/py-spy-MODE.txt.gz, raw collapsed stacks; summarize with summarize_profile.py).
 cd "$(dirname "$0")"
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+out=${OUT:-/tmp}
 for mode in ${1:-ours plain}; do
   echo "=== multiturn $mode $(date -u +%T)"
-  timeout 280 python3 multiturn_bench.py "$mode" 2>&1 | tee -a "${OUT:-/tmp}/multiturn.log" \
-    | grep -E "^\{|RESULT|Error|error|Traceback" | cut -c1-600
+  log="$out/multiturn-$mode.log"
+  timeout "${MULTITURN_LIMIT_S:-280}" python3 multiturn_bench.py "$mode" > "$log" 2>&1 &
+  bench=$!
+  if [ -n "${PYSPY:-}" ]; then
+    (
+      for _ in $(seq 180); do
+        core=$(pgrep -f "VLLM::EngineCore" | head -1)
+        [ -n "$core" ] && break
+        sleep 1
+      done
+      [ -n "$core" ] && "$PYSPY" record -s --idle -r 67 --nonblocking -f raw \
+        -o "$out/py-spy-$mode.txt" --pid "$core" > /dev/null 2>&1
+      gzip -f "$out/py-spy-$mode.txt" 2> /dev/null
+    ) &
+  fi
+  wait "$bench"
+  wait
+  grep -E "^\{|RESULT|Error|error|Traceback" "$log" | cut -c1-600
+  gzip -f "$log"
 done

@@ -1,12 +1,15 @@
 """GPU <-> L1 throughput of the connector's worker (store and load paths) against the
-pinned-copy ceiling measured in the same run.
+pinned-copy ceiling measured in the same run, for each async copy mode, with the host time
+spent issuing a job (what the engine's main thread pays before the forward runs).
 
 The KV cache is an 8B-class Llama's (32 layers, 8 KV heads x 128, bf16, 16-token blocks)
 in vLLM 0.26 FlashAttention's layout: per layer a logical (blocks, heads, 16, 256) tensor
 stored as (blocks, 16, heads, 256). The worker gets `OffloadMetadata` exactly as from the
 scheduler and copies into its real page-locked L1 file in /dev/shm.
 
-Usage: python transfer_bench.py [--blocks 1024] [--reps 5]   (writes $OUT/transfer.json)
+Usage: python transfer_bench.py [--blocks 1024] [--reps 5] [--modes async,direct,...]
+(writes $OUT/transfer.json). `--wave N` adds a step that loads N jobs of 375 blocks (a
+6,000-token session each, as in the multi-turn benchmark) at once.
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ class Bench:
         self.blocks = blocks
         self.num_gpu_blocks = num_gpu_blocks
         self.jobs = 0
+        self.issue_s: list[float] = []
 
     def job(self, gpu_blocks: list[int], slots: list[int]) -> TransferJob:
         self.jobs += 1
@@ -120,14 +124,33 @@ class Bench:
         return TransferJob(self.jobs, f"req-{self.jobs}", (transfer,))
 
     def store(self, gpu_blocks: list[int], slots: list[int]) -> None:
-        self.worker.run_stores(OffloadMetadata(stores=[self.job(gpu_blocks, slots)]))
+        meta = OffloadMetadata(stores=[self.job(gpu_blocks, slots)])
+        start = time.perf_counter()
+        self.worker.run_stores(meta)
+        self.issue_s.append(time.perf_counter() - start)
         self.worker.drain()
         assert self.worker.take_report() is not None
 
-    def load(self, slots: list[int], gpu_blocks: list[int]) -> None:
-        self.worker.start_loads(OffloadMetadata(loads=[self.job(gpu_blocks, slots)]))
+    def load(self, slots: list[int], gpu_blocks: list[int], jobs: int = 1) -> None:
+        per_job = len(slots) // jobs
+        meta = OffloadMetadata(
+            loads=[
+                self.job(gpu_blocks[i : i + per_job], slots[i : i + per_job])
+                for i in range(0, per_job * jobs, per_job)
+            ]
+        )
+        start = time.perf_counter()
+        self.worker.start_loads(meta)
+        self.issue_s.append(time.perf_counter() - start)
         self.worker.drain()
         assert self.worker.take_finished_loads()
+
+    def issued(self, fn: Callable[[], None], reps: int, nbytes: int) -> dict[str, float]:
+        """`rate` of `fn`, plus the median host time spent issuing it."""
+        self.issue_s = []
+        result = rate(nbytes, timed(fn, reps))
+        result["issue_ms"] = round(statistics.median(self.issue_s) * 1e3, 2)
+        return result
 
     def run(self, reps: int) -> dict[str, Any]:
         rng = random.Random(0)
@@ -136,16 +159,25 @@ class Bench:
         dst = rng.sample(sorted(set(range(self.num_gpu_blocks)) - set(src)), self.blocks)
         contiguous = list(range(self.blocks))
         scattered = rng.sample(range(2 * self.blocks), self.blocks)
-        result = {
-            "store_contiguous_slots": rate(
-                nbytes, timed(lambda: self.store(src, contiguous), reps)
+        result: dict[str, Any] = {
+            "store_contiguous_slots": self.issued(
+                lambda: self.store(src, contiguous), reps, nbytes
             ),
-            "load_contiguous_slots": rate(nbytes, timed(lambda: self.load(contiguous, dst), reps)),
-            "store_scattered_slots": rate(nbytes, timed(lambda: self.store(src, scattered), reps)),
-            "load_scattered_slots": rate(nbytes, timed(lambda: self.load(scattered, dst), reps)),
+            "load_contiguous_slots": self.issued(lambda: self.load(contiguous, dst), reps, nbytes),
+            "store_scattered_slots": self.issued(lambda: self.store(src, scattered), reps, nbytes),
+            "load_scattered_slots": self.issued(lambda: self.load(scattered, dst), reps, nbytes),
         }
         result["round_trip_exact"] = self.check(src, dst)
         return result
+
+    def wave(self, jobs: int, reps: int) -> dict[str, Any]:
+        """`jobs` loads of 375 scattered blocks in one step (a multi-turn wave)."""
+        rng = random.Random(1)
+        count = min(jobs * 375, self.blocks)
+        slots = rng.sample(range(2 * self.blocks), count)
+        gpu_blocks = rng.sample(range(self.num_gpu_blocks), count)
+        nbytes = count * self.layout.stride
+        return self.issued(lambda: self.load(slots, gpu_blocks, jobs), reps, nbytes)
 
     def check(self, src: list[int], dst: list[int]) -> bool:
         """Blocks stored from `src` and loaded into `dst` must be byte-identical."""
@@ -168,6 +200,8 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=1024)
     parser.add_argument("--gpu-blocks", type=int, default=4096)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--modes", default="async-per-layer,async,direct")
+    parser.add_argument("--wave", type=int, default=0, help="jobs per step in the wave test")
     parser.add_argument("--cpu-smoke", action="store_true", help="check the script on CPU")
     args = parser.parse_args()
     batch = args.blocks * PAGE * LAYERS
@@ -179,22 +213,30 @@ def main() -> None:
         print(json.dumps(result, indent=1))
         return
     result.update(device=torch.cuda.get_device_name(), torch=torch.__version__)
-    bench = Bench(args.gpu_blocks, args.blocks, "async", "cuda")
-    result["ceiling"] = ceilings(batch, args.reps, bench.pool)
-    result["worker_async"] = bench.run(args.reps)
-    bench.close()
-    generic = Bench(args.gpu_blocks, args.blocks, "generic", "cuda")
-    result["worker_generic"] = generic.run(2)
-    generic.close()
+    modes = args.modes.split(",")
+    for mode in modes:
+        try:
+            bench = Bench(args.gpu_blocks, args.blocks, mode, "cuda")
+        except Exception as error:  # a mode this host cannot run is reported, not fatal
+            result[f"worker_{mode}"] = {"error": repr(error)}
+            continue
+        if "ceiling" not in result:
+            result["ceiling"] = ceilings(batch, args.reps, bench.pool)
+        result[f"worker_{mode}"] = bench.run(args.reps)
+        if args.wave:
+            result[f"worker_{mode}"]["wave"] = bench.wave(args.wave, args.reps)
+        bench.close()
+        print(mode, json.dumps(result[f"worker_{mode}"]), flush=True)
     pinned = {
         "store": result["ceiling"]["pinned_d2h"]["median_GBps"],
         "load": result["ceiling"]["pinned_h2d"]["median_GBps"],
     }
     result["median_ratio_to_pinned"] = {
-        f"{path}_{kind}_{slots}": round(
-            result[path][f"{kind}_{slots}_slots"]["median_GBps"] / pinned[kind], 3
+        f"{mode}_{kind}_{slots}": round(
+            result[f"worker_{mode}"][f"{kind}_{slots}_slots"]["median_GBps"] / pinned[kind], 3
         )
-        for path in ("worker_async", "worker_generic")
+        for mode in modes
+        if "error" not in result[f"worker_{mode}"]
         for kind in ("store", "load")
         for slots in ("contiguous", "scattered")
     }

@@ -41,7 +41,9 @@ def test_tier_metrics_appear_in_prometheus(
             time.sleep(1)
         assert stored >= 11 * 32 * 1024, stored  # 11 full blocks of 32 KiB reached MemKV
         assert _total(samples, "vllm:kv_offload_memkv_blocks", op="store") >= 11
-        assert _total(samples, "vllm:kv_offload_memkv_lookups") > 0
+        lookups = "vllm:kv_offload_memkv_lookups"
+        assert _total(samples, lookups, result="hit") + _total(samples, lookups, result="miss") > 0
+        assert _total(samples, lookups, result="pending") == 0  # retries are not lookups
         assert _total(samples, "vllm:kv_offload_memkv_lookup_rounds") > 0
     finally:
         server.stop()

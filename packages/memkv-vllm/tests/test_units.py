@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import socket
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 from memkv_harness import MemKVServer
 from memkv_vllm import register
+from memkv_vllm._client import connect
 from memkv_vllm.config import ConfigError, DirectConfig, TierConfig
 from memkv_vllm.jobs import JobOutcome, JobRunner
 from memkv_vllm.load_errors import LoadErrors, attached, current
 from memkv_vllm.lookup import Answer, BatchedLookup
+from memkv_vllm.metrics import LOOKUPS, TierMetrics
 from memkv_vllm.naming import MAX_NAME, TierNamer, direct_key, direct_prefix
 
 
@@ -93,7 +98,11 @@ def test_lookup_sends_one_round_per_flush_and_caches_answers(memkv: MemKVServer)
         lookup.close()
 
 
-def test_lookup_round_that_hangs_or_fails_resolves_as_absent() -> None:
+def test_lookup_round_that_hangs_or_fails_resolves_as_absent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # vLLM's logging setup stops "vllm.*" records from reaching the root logger
+    logging.getLogger("vllm.memkv_vllm").addHandler(caplog.handler)
     gate = threading.Event()
     now = [0.0]
 
@@ -119,6 +128,10 @@ def test_lookup_round_that_hangs_or_fails_resolves_as_absent() -> None:
         lookup.flush()
     assert lookup.query(b"k") is Answer.MISS
     lookup.close()
+    warnings = [r.getMessage() for r in caplog.records if "exists round" in r.getMessage()]
+    assert len(set(warnings)) == 2  # the hung round, then the failed one
+    assert all("MEMKV_SERVERS" in w and "MEMKV_CONFIG" in w for w in warnings)
+    logging.getLogger("vllm.memkv_vllm").removeHandler(caplog.handler)
 
 
 def test_forget_drops_cached_answers_and_the_round_in_flight() -> None:
@@ -264,3 +277,31 @@ def test_load_errors_reach_only_what_is_built_under_the_connector() -> None:
     assert errors.take_blocks() == set()  # handed to vLLM once
     errors.scheduler_saw_failure()
     assert seen == ["forget"]
+
+
+def test_unreachable_server_error_names_the_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.delenv("MEMKV_CONFIG", raising=False)
+    monkeypatch.setenv("MEMKV_SERVERS", f"127.0.0.1:{port}")
+    with pytest.raises(RuntimeError) as exc_info:
+        connect(True, "tier")
+    message = str(exc_info.value)
+    assert f"MemKV server 127.0.0.1:{port} does not answer" in message
+    assert f"MEMKV_CONFIG (unset), else MEMKV_SERVERS (127.0.0.1:{port})" in message
+    config = tmp_path / "memkv.yaml"
+    config.write_text(f"servers: ['127.0.0.1:{port}']\n")
+    monkeypatch.setenv("MEMKV_CONFIG", str(config))
+    monkeypatch.delenv("MEMKV_SERVERS")
+    with pytest.raises(RuntimeError, match=f"MEMKV_CONFIG \\({config}\\)"):
+        connect(True, "tier")
+
+
+def test_lookups_count_once_by_final_answer() -> None:
+    metrics = TierMetrics()
+    for answer in (Answer.PENDING, Answer.PENDING, Answer.HIT, Answer.MISS):
+        metrics.count_lookup(answer)
+    assert dict(metrics.totals) == {(LOOKUPS, ("hit",)): 1, (LOOKUPS, ("miss",)): 1}

@@ -77,8 +77,11 @@ def test_gpu_data_path_environment_is_validated(monkeypatch: pytest.MonkeyPatch)
             staging_bytes_from_env()
     monkeypatch.delenv("VLLM_MARCONI_OFFLOAD_COPY", raising=False)
     assert copy_mode_from_env() == "async"
-    monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_COPY", "generic")
-    assert copy_mode_from_env() == "generic"
+    for mode in ("generic", "direct", "async-per-layer"):
+        monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_COPY", mode)
+        assert copy_mode_from_env() == mode
     monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_COPY", "fast")
-    with pytest.raises(ConfigError, match="accepted values are async, generic"):
+    with pytest.raises(
+        ConfigError, match="accepted values are async, direct, async-per-layer, generic"
+    ):
         copy_mode_from_env()

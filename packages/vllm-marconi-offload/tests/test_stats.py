@@ -2,10 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from kvpool_mmap import StoreConfig, TierConfig, TieredStore
-from vllm_marconi_offload.stats import HitCounters, eviction_line, store_counters
+from kvpool_mmap import RecoveryReport, StoreConfig, TierConfig, TieredStore
+from kvpool_mmap._recovery import RecoveredBlock
+from vllm_marconi_offload.stats import (
+    HitCounters,
+    ReportedStats,
+    TransferTimer,
+    eviction_line,
+    occupancy,
+    recovery_line,
+    store_counters,
+)
+
+
+@contextmanager
+def _l1_only_store(tmp_path: Path, blocks: int) -> Iterator[TieredStore]:
+    """A standalone store of 4 KiB blocks: an L1 of `blocks` slots, no L2."""
+    config = StoreConfig(
+        stride=4096,
+        engine_id="stats",
+        fingerprint=b"stats",
+        l1=TierConfig(tmp_path / "l1", blocks * 4096),
+    )
+    store = TieredStore(config)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def test_hit_line_splits_tokens_and_requests_by_tier() -> None:
@@ -25,14 +52,7 @@ def test_hit_line_splits_tokens_and_requests_by_tier() -> None:
 def test_blocks_that_find_no_l1_slot_are_reported(tmp_path: Path) -> None:
     """A full L1 whose blocks cannot leave yet refuses stores; the log line and the
     metrics must say how many blocks were not stored."""
-    config = StoreConfig(
-        stride=4096,
-        engine_id="stats",
-        fingerprint=b"stats",
-        l1=TierConfig(tmp_path / "l1", 2 * 4096),
-    )
-    store = TieredStore(config)
-    try:
+    with _l1_only_store(tmp_path, blocks=2) as store:
         first = store.begin_store([b"a" * 16, b"b" * 16])
         store.commit_store(first)
         load = store.begin_load([b"a" * 16, b"b" * 16])  # both pinned: nothing can be evicted
@@ -42,5 +62,52 @@ def test_blocks_that_find_no_l1_slot_are_reported(tmp_path: Path) -> None:
         assert store_counters(store.stats())["not_stored"] == 3
         store.abort_store(refused)
         store.end_load(load)
-    finally:
-        store.close()
+
+
+def test_occupancy_counts_blocks_and_bytes_per_tier(tmp_path: Path) -> None:
+    with _l1_only_store(tmp_path, blocks=8) as store:
+        store.commit_store(store.begin_store([b"a" * 16, b"b" * 16, b"c" * 16]))
+        gauges = occupancy(store.stats(), store.config)
+    assert gauges["l1_used_blocks"] == 3
+    assert gauges["l1_used_bytes"] == 3 * 4096
+    assert gauges["l1_capacity_bytes"] == gauges["l1_capacity_blocks"] * 4096 > 0
+    assert gauges["l2_used_blocks"] == gauges["l2_capacity_bytes"] == 0
+
+
+def test_recovery_line_says_what_was_kept_and_why_the_rest_was_dropped() -> None:
+    report = RecoveryReport(corrupt_headers=2, incomplete=3, duplicates=1, wiped_files=1)
+    report.blocks.extend([RecoveredBlock(slot=i, key=b"k", generation=1, depth=0, checksums=[]) for i in range(5)])  # fmt: skip
+    line = recovery_line(report, "/kv/l2")
+    assert line.startswith("L2 recovery: 5 blocks recovered from /kv/l2, 6 dropped ")
+    assert "torn_headers=2 incomplete_across_ranks=3 older_duplicates=1 bad_checksums=0" in line
+    assert line.endswith("rank files wiped for another model/layout: 1")
+
+
+def test_transfer_timer_times_each_transfer_once() -> None:
+    now = [10.0]
+    timer = TransferTimer(clock=lambda: now[0])
+    timer.start("load", "req-1")
+    timer.start("store", 7)
+    timer.start("load", "req-2")
+    now[0] = 10.25
+    timer.finish("load", "req-1")
+    timer.finish("load", "req-1")  # reported twice: counted once
+    timer.forget("load", "req-2")  # aborted
+    now[0] = 10.5
+    timer.finish("store", 7)
+    timer.finish("load", "req-2")
+    assert timer.take() == {"load_seconds": [0.25], "store_seconds": [0.5]}
+    assert timer.take() == {}
+
+
+def test_reports_send_counter_increments_and_changed_gauges_only() -> None:
+    reported = ReportedStats()
+    assert reported.changes({"stored_blocks": 4}, {"l1_used_blocks": 4}) == {
+        "stored_blocks": 4,
+        "l1_used_blocks": 4,
+    }
+    assert reported.changes({"stored_blocks": 4}, {"l1_used_blocks": 4}) == {}
+    assert reported.changes({"stored_blocks": 6}, {"l1_used_blocks": 0}) == {
+        "stored_blocks": 2,
+        "l1_used_blocks": 0,
+    }

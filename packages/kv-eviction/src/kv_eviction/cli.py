@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+from tqdm import tqdm
+
+from ._version import __version__
 from .belady import BeladyPolicy
 from .mooncake import read_mooncake
 from .policy import EvictionPolicy, make_policy, policy_names
@@ -30,6 +34,8 @@ DEFAULT_SWEEP = (
 DEFAULT_FRACTIONS = (0.05, 0.1, 0.2, 0.4)
 
 PolicyMaker = Callable[[Trace], EvictionPolicy]
+# make_policy's option names -> the `simulate` flags that set them
+_FLAG_OF_OPTION = {"reuse_mode": "--reuse-mode", "decay": "--decay"}
 
 
 def parse_policy_spec(spec: str) -> tuple[str, PolicyMaker]:
@@ -70,6 +76,8 @@ def load_trace(name: str, *, limit: int = 0, block_size: int = 0, seed: int = 0)
         if limit:
             extra["count"] = limit
         return GENERATORS[name](seed=seed, **extra)
+    if name.endswith((".json", ".jsonl", ".jsonl.gz")) and not Path(name).is_file():
+        raise ValueError(f"option --trace: no such file: {name!r}")
     if name.endswith(".json"):
         return read_sharegpt(name, limit=limit or 2000, seed=seed)
     if name.endswith((".jsonl", ".jsonl.gz")):
@@ -132,15 +140,42 @@ def format_matrix(results: Sequence[SimResult]) -> str:
     return "\n".join(lines)
 
 
-def _simulate_command(args: argparse.Namespace) -> None:
-    trace = load_trace(args.trace, limit=args.limit, block_size=args.block_size, seed=args.seed)
+def _policy_makers(args: argparse.Namespace) -> list[tuple[str, PolicyMaker]]:
+    """The policies to run, validated; errors name the flag that set the bad value."""
     if args.sweep:
         specs = args.policies.split(",") if args.policies else list(DEFAULT_SWEEP)
-    elif args.policy == "marconi":
-        specs = [f"marconi:{args.reuse_mode}:{args.decay:g}"]
-    else:
-        specs = [args.policy]
-    makers = [parse_policy_spec(spec) for spec in specs]
+        try:
+            return [parse_policy_spec(spec) for spec in specs]
+        except ValueError as exc:
+            raise ValueError(f"option --policies: {exc}") from None
+    if args.policy != "marconi":
+        return [parse_policy_spec(args.policy)]
+    try:
+        make_policy("marconi", reuse_mode=args.reuse_mode, decay=args.decay)
+    except ValueError as exc:
+        message = str(exc)
+        for option, flag in _FLAG_OF_OPTION.items():
+            message = message.replace(f"option {option!r}", f"option {flag}")
+        raise ValueError(message) from None
+    return [parse_policy_spec(f"marconi:{args.reuse_mode}:{args.decay:g}")]
+
+
+def _require_plotting() -> None:
+    """Fail before a long sweep, not after it, when --plot cannot write its PNG."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            "option --plot needs matplotlib, which is not installed: "
+            "install the plot extra, 'kv-eviction[plot]'"
+        ) from None
+
+
+def _simulate_command(args: argparse.Namespace) -> None:
+    makers = _policy_makers(args)
+    if args.plot:
+        _require_plotting()
+    trace = load_trace(args.trace, limit=args.limit, block_size=args.block_size, seed=args.seed)
     capacities = _capacities(args.capacity, trace)
     print(
         f"# trace {trace.name}: {len(trace.requests):,} requests, {trace.unique_blocks():,} unique "
@@ -149,8 +184,11 @@ def _simulate_command(args: argparse.Namespace) -> None:
         flush=True,
     )
     results: list[SimResult] = []
-    for label, maker in makers:
-        for capacity in capacities:
+    cells = [(label, maker, capacity) for label, maker in makers for capacity in capacities]
+    # on stderr, and only when it is a terminal: piped tables stay clean
+    with tqdm(cells, desc="simulate", unit="run", disable=None, leave=False) as progress:
+        for label, maker, capacity in progress:
+            progress.set_postfix_str(f"{label} @ {capacity:,} blocks")
             results.append(
                 simulate(
                     trace,
@@ -175,6 +213,7 @@ def _simulate_command(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kv-eviction", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sim = sub.add_parser("simulate", help="replay a trace through a capacity-limited cache")
     sim.add_argument("--trace", default="mooncake", help=f"{', '.join(TRACES)} or a file path")

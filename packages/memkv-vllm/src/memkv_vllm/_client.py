@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["connect", "warn_if_hashes_differ_per_process"]
+__all__ = ["connect", "servers_source", "warn_if_hashes_differ_per_process"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 
@@ -29,14 +31,24 @@ def connect(probe: bool, who: str) -> Any:
             client.close()
             raise RuntimeError(
                 f"memkv-vllm ({who}): MemKV server {server} does not answer ({exc}). "
-                f"Configured servers: {', '.join(servers)} (MEMKV_SERVERS or the servers: "
-                "field of MEMKV_CONFIG)."
+                f"Configured servers: {', '.join(servers)}, {servers_source()}. Start "
+                "`memkv serve` there, or point MEMKV_SERVERS at a running server."
             ) from exc
     log.info(
         "memkv-vllm (%s): connected to %d MemKV server(s) %s over %s",
         who, len(servers), ",".join(servers), "RDMA" if client.has_rdma() else "TCP",
     )  # fmt: skip
     return client
+
+
+def servers_source(env: Mapping[str, str] = os.environ) -> str:
+    """Where memkv-client takes the server list from, naming the settings a user edits."""
+    config = env.get("MEMKV_CONFIG")
+    servers = env.get("MEMKV_SERVERS")
+    return (
+        f"taken from the servers: field of MEMKV_CONFIG ({config or 'unset'}), "
+        f"else MEMKV_SERVERS ({servers or 'unset'}), else the default 127.0.0.1:9900"
+    )
 
 
 def warn_if_hashes_differ_per_process() -> None:

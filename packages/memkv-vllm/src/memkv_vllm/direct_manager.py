@@ -20,7 +20,7 @@ from ._client import connect, warn_if_hashes_differ_per_process
 from .load_errors import current as current_load_errors
 from .load_store_spec import MemKVLoadStoreSpec
 from .lookup import Answer, BatchedLookup
-from .metrics import LOOKUP_ROUNDS, LOOKUPS, TierMetrics
+from .metrics import LOOKUP_ROUNDS, TierMetrics
 from .naming import direct_key, publish_key
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
 
     def lookup(self, key: Any, req_context: Any) -> Any:
         answer = self._lookup.query_all(self._names(key))
-        self._metrics.inc(LOOKUPS, 1, (answer.value,))
+        self._metrics.count_lookup(answer)
         return _RESULT[answer]
 
     def prepare_load(self, keys: Collection[Any], req_context: Any) -> Any:

@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 __all__ = ["Answer", "BatchedLookup"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
+_WHERE = "MemKV servers are set by MEMKV_SERVERS or the servers: field of MEMKV_CONFIG"
 
 
 class Answer(enum.Enum):
@@ -160,13 +161,17 @@ class BatchedLookup:
                 flags = round_.result()
             except Exception as exc:
                 self.errors += 1
-                log.warning("memkv-vllm: exists round failed (%s); treating keys as absent", exc)
+                log.warning(
+                    "memkv-vllm: exists round failed (%s); treating keys as absent (%s)",
+                    exc, _WHERE,
+                )  # fmt: skip
                 flags = [False] * len(self._inflight)
         elif now - self._round_started > self._timeout:
             self.errors += 1
             log.warning(
-                "memkv-vllm: exists round unanswered after %.1fs; treating %d keys as absent",
-                self._timeout, len(self._inflight),
+                "memkv-vllm: exists round unanswered after %.1fs; treating %d keys as absent "
+                "(%s)",
+                self._timeout, len(self._inflight), _WHERE,
             )  # fmt: skip
             flags = [False] * len(self._inflight)
         else:

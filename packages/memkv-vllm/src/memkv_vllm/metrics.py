@@ -11,6 +11,8 @@ import threading
 from collections import defaultdict
 from typing import Any
 
+from .lookup import Answer
+
 __all__ = ["METRICS", "TierMetrics", "metric_definitions"]
 
 PREFIX = "vllm:kv_offload_memkv_"
@@ -31,7 +33,12 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     JOB_SECONDS: ("histogram", "Duration of MemKV transfer jobs, by op.", ("op",)),
     JOBS_FAILED: ("counter", "MemKV transfer jobs that failed, by op.", ("op",)),
     STORE_SHEDS: ("counter", "Store jobs shed because the store backlog was full.", ()),
-    LOOKUPS: ("counter", "MemKV lookup answers given to vLLM, by result.", ("result",)),
+    LOOKUPS: (
+        "counter",
+        "Lookups answered, by final result (hit, miss); a lookup vLLM retries while its "
+        "exists round is in flight counts once, when answered.",
+        ("result",),
+    ),
     LOOKUP_ROUNDS: ("counter", "Batched exists rounds sent to MemKV.", ()),
 }
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -70,6 +77,11 @@ class TierMetrics:
         with self._lock:
             self._counters[(name, labels)] += value
             self.totals[(name, labels)] += value
+
+    def count_lookup(self, answer: Answer) -> None:
+        """Count one lookup by its final answer; PENDING (vLLM retries) is not final."""
+        if answer is not Answer.PENDING:
+            self.inc(LOOKUPS, 1, (answer.value,))
 
     def observe(self, name: str, value: float, labels: tuple[str, ...] = ()) -> None:
         with self._lock:

@@ -30,7 +30,6 @@ from .metrics import (
     JOBS_FAILED,
     LOAD_BYTES,
     LOOKUP_ROUNDS,
-    LOOKUPS,
     STORE_BYTES,
     STORE_SHEDS,
     TierMetrics,
@@ -118,7 +117,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
 
     def lookup(self, key: Any, req_context: Any) -> Any:
         answer = self._lookup.query(self._namer.name(key))
-        self._metrics.inc(LOOKUPS, 1, (answer.value,))
+        self._metrics.count_lookup(answer)
         return _RESULT[answer]
 
     def on_schedule_end(self, context: Any) -> None:

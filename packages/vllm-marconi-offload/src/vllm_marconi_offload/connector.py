@@ -49,7 +49,11 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = spec.scheduler()
             self._reporter = StatsReporter(
-                self._scheduler.counters, self._scheduler.store_stats, spec.config.hit_log_interval
+                self._scheduler.counters,
+                self._scheduler.timer,
+                self._scheduler.store_stats,
+                spec.store_config,
+                spec.config.hit_log_interval,
             )
         else:
             self._worker = spec.worker(compat.tensor_parallel_rank())
@@ -145,8 +149,8 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
     def get_kv_connector_stats(self) -> OffloadStats | None:
         if self._reporter is None:
             return None
-        delta = self._reporter.delta()
-        return OffloadStats(data=delta) if delta else None
+        stats = OffloadStats(data=self._reporter.report())
+        return None if stats.is_empty() else stats
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> OffloadStats:

@@ -1,14 +1,20 @@
-"""Asynchronous, pipelined block transfers between a CUDA KV cache and page-locked L1 rows.
+"""Asynchronous block transfers between a CUDA KV cache and page-locked L1 rows.
 
-A batch is cut into chunks of whole blocks. For a store, each chunk's layers are gathered
-into a GPU staging buffer on a gather stream, and the buffer goes to the L1 rows on a copy
-stream in one DMA per run of consecutive slots; a load runs the same pipeline backwards.
-The two streams overlap, so the PCIe link stays busy while the next chunk is gathered,
-and the caller's stream never waits for the host side of a transfer. Each call returns
-an event that completes when the whole batch has landed.
+A batch is cut into chunks of whole blocks, moved on two side streams so the PCIe link
+stays busy while the next chunk is prepared. For a store, each chunk's layers are gathered
+into a GPU staging buffer on the gather stream (one Triton launch; one torch copy per layer
+without Triton), then the copy stream moves the buffer to the L1 rows; a load runs the same
+pipeline backwards. Between staging and L1 rows a chunk moves either by DMA, one copy per
+run of consecutive slots, or, when its slots are scattered into many runs, by one kernel
+that reads or writes the rows over PCIe (issuing one DMA per run would block the engine's
+thread for as long as the link is busy). A scattered load skips staging altogether: the
+kernel reads the rows straight into the KV blocks.
 
-L1 must be page-locked (`cudaHostRegister`): only then are the copies real DMA at the
-link's speed and asynchronous to the host.
+The caller's stream never waits for the host side of a transfer: a store's caller waits
+only for its gathers, so later kernels may overwrite the blocks while the bytes are still
+crossing the link. Each call returns an event that completes when the batch has landed.
+L1 must be page-locked (`cudaHostRegister`): only then do copies run at the link's speed
+asynchronously, and only then can the GPU address the rows.
 """
 
 from __future__ import annotations
@@ -21,10 +27,13 @@ import torch
 
 from .block_copy import LayerBytes
 from .config import ConfigError
+from .triton_copy import GroupCopyPlan
 
 STAGING_ENV = "VLLM_MARCONI_OFFLOAD_STAGING_MIB"
 DEFAULT_STAGING_BYTES = 2 << 30  # whole 16k-token prefill chunk of an 8B model
 CHUNK_BYTES = 128 << 20
+# A chunk whose slots form more runs than this moves by kernel, not one DMA per run.
+MAX_DMA_RUNS = 4
 
 
 def slot_runs(slots: Sequence[int]) -> Iterator[tuple[int, int, int]]:
@@ -56,18 +65,23 @@ def staging_bytes_from_env() -> int:
 @dataclass
 class _Buffer:
     data: torch.Tensor  # uint8 [chunk_blocks, width] on the GPU
+    rows: GroupCopyPlan | None  # moves whole staged rows to L1 rows by kernel
     free: torch.cuda.Event | None = None  # recorded when its last transfer is done
 
 
 class _Ring:
     """Staging buffers of one width, allocated up front and reused round-robin."""
 
-    def __init__(self, device: torch.device, width: int, chunk_blocks: int, count: int) -> None:
+    def __init__(
+        self, device: torch.device, width: int, chunk_blocks: int, count: int, *, kernel: bool
+    ) -> None:
         self.chunk_blocks = chunk_blocks
-        self._buffers = [
-            _Buffer(torch.empty((chunk_blocks, width), dtype=torch.uint8, device=device))
-            for _ in range(count)
-        ]
+        self._buffers = []
+        for _ in range(count):
+            data = torch.empty((chunk_blocks, width), dtype=torch.uint8, device=device)
+            whole = [LayerBytes(data, offset=0, nbytes=width)]
+            rows = GroupCopyPlan.build(whole, device) if kernel else None
+            self._buffers.append(_Buffer(data, rows))
         self._next = 0
 
     def take(self) -> _Buffer:
@@ -84,20 +98,53 @@ class CudaBlockMover:
         layers: dict[int, list[LayerBytes]],
         device: torch.device,
         staging_bytes: int = DEFAULT_STAGING_BYTES,
+        *,
+        kernel: bool = True,
+        direct: bool = False,
     ) -> None:
+        """`kernel`: gather and scatter with one Triton launch where the layout allows
+        (else one torch copy per layer); `direct`: no staging, the kernel reaches the L1
+        rows itself (needs the kernel for every group, else ConfigError)."""
         self._layers = layers
         self._device = device
         self._gather = torch.cuda.Stream(device=device)
         self._copy = torch.cuda.Stream(device=device)
         self._rings: dict[int, _Ring] = {}
+        self._plans: dict[int, GroupCopyPlan] = {}
+        for group_id, group in layers.items():
+            plan = GroupCopyPlan.build(group, device) if kernel or direct else None
+            if plan is not None:
+                self._plans[group_id] = plan
+            elif direct:
+                raise ConfigError(
+                    "direct copies need Triton and 8-byte aligned KV pages; "
+                    "use VLLM_MARCONI_OFFLOAD_COPY=async"
+                )
+        self._direct = direct
         share = staging_bytes // max(1, len(layers))  # the groups split the staging budget
         for group_id, group in layers.items():
             width = sum(layer.nbytes for layer in group)
-            if width == 0:
+            if width == 0 or direct:
                 continue
             chunk = max(1, CHUNK_BYTES // width)
             count = max(2, share // (chunk * width))
-            self._rings[group_id] = _Ring(device, width, chunk, count)
+            self._rings[group_id] = _Ring(device, width, chunk, count, kernel=kernel)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Compile the kernel now rather than on the first hit (Triton compiles each
+        variant at its first launch): copy block 0 of each group out and back, unchanged."""
+        for plan in self._plans.values():
+            scratch = torch.empty((1, plan.width), dtype=torch.uint8, device=self._device)
+            first = torch.zeros(1, dtype=torch.long, device=self._device)
+            plan.copy(scratch, first, first, to_rows=True)
+            plan.copy(scratch, first, first, to_rows=False)
+        torch.cuda.synchronize(self._device)
+
+    @property
+    def uses_kernel(self) -> bool:
+        """True if at least one group moves with the Triton kernel."""
+        return bool(self._plans)
 
     def store(
         self, group_id: int, blocks: Sequence[int], slots: Sequence[int], pool: torch.Tensor
@@ -106,29 +153,47 @@ class CudaBlockMover:
 
         The caller's stream waits only for the gathers (GPU to GPU), so the blocks may be
         overwritten by later kernels while the staged bytes are still crossing the link.
+        In direct mode the caller's stream waits for the whole transfer: the kernel reads
+        the blocks while it writes them over the link.
         """
         caller = torch.cuda.current_stream(self._device)
+        if self._direct:
+            return self._direct_copy(group_id, blocks, slots, pool, caller, to_rows=True)
         self._gather.wait_stream(caller)
         ring = self._rings[group_id]
         layers = self._layers[group_id]
+        plan = self._plans.get(group_id)
         with torch.cuda.stream(self._gather):
             indices = _index(blocks, self._device)
+            slot_ids = _index(slots, self._device)
+            positions = torch.arange(ring.chunk_blocks, device=self._device)
+        # Read on the copy stream too: keep the allocator from reusing them before it has.
+        slot_ids.record_stream(self._copy)
+        positions.record_stream(self._copy)
         for begin in range(0, len(blocks), ring.chunk_blocks):
             count = min(ring.chunk_blocks, len(blocks) - begin)
+            chunk_slots = slots[begin : begin + count]
             buffer = ring.take()
             staged = buffer.data[:count]
             with torch.cuda.stream(self._gather):
                 if buffer.free is not None:
                     self._gather.wait_event(buffer.free)
                 index = indices[begin : begin + count]
-                for layer in layers:
-                    part = staged.narrow(1, layer.offset, layer.nbytes)
-                    part.copy_(layer.view.index_select(0, index))
+                if plan is not None:
+                    plan.copy(staged, positions[:count], index, to_rows=True)
+                else:
+                    for layer in layers:
+                        part = staged.narrow(1, layer.offset, layer.nbytes)
+                        part.copy_(layer.view.index_select(0, index))
                 gathered = torch.cuda.Event()
                 gathered.record(self._gather)
             with torch.cuda.stream(self._copy):
                 self._copy.wait_event(gathered)
-                _rows_copy(staged, pool, slots[begin : begin + count], to_pool=True)
+                if buffer.rows is not None and _by_kernel(chunk_slots, staged, pool):
+                    chunk_ids = slot_ids[begin : begin + count]
+                    buffer.rows.copy(pool, chunk_ids, positions[:count], to_rows=True)
+                else:
+                    _rows_copy(staged, pool, chunk_slots, to_pool=True)
                 buffer.free = torch.cuda.Event()
                 buffer.free.record(self._copy)
         caller.wait_stream(self._gather)
@@ -137,22 +202,45 @@ class CudaBlockMover:
         return done
 
     def load(
-        self, group_id: int, slots: Sequence[int], blocks: Sequence[int], pool: torch.Tensor
-    ) -> torch.cuda.Event:
-        """Copy rows `slots` of `pool` into GPU `blocks`; the event marks completion.
+        self,
+        group_id: int,
+        slots: Sequence[int],
+        blocks: Sequence[int],
+        pool: torch.Tensor,
+        ends: Sequence[int] | None = None,
+    ) -> list[torch.cuda.Event]:
+        """Copy rows `slots` of `pool` into GPU `blocks`; one event per entry of `ends`
+        (non-decreasing block counts, default `[len(blocks)]`), complete once the first
+        `end` blocks have landed, so the requests of a batch can start one by one.
 
-        The caller must not read the blocks before the event completes (the request waits
-        for its load in WAITING_FOR_REMOTE_KVS until then).
+        The caller must not read the blocks before their event completes (the request
+        waits for its load in WAITING_FOR_REMOTE_KVS until then).
         """
+        ends = [len(blocks)] if ends is None else list(ends)
         caller = torch.cuda.current_stream(self._device)
+        if self._direct:
+            done = self._direct_copy(group_id, blocks, slots, pool, caller, to_rows=False)
+            return [done] * len(ends)
         self._gather.wait_stream(caller)
         self._copy.wait_stream(caller)
         ring = self._rings[group_id]
         layers = self._layers[group_id]
+        plan = self._plans.get(group_id)
         with torch.cuda.stream(self._gather):
             indices = _index(blocks, self._device)
+            if plan is not None:
+                slot_ids = _index(slots, self._device)
+                positions = torch.arange(ring.chunk_blocks, device=self._device)
+        events: list[torch.cuda.Event] = []
+        self._record_reached(events, ends, 0)
         for begin in range(0, len(blocks), ring.chunk_blocks):
             count = min(ring.chunk_blocks, len(blocks) - begin)
+            if plan is not None and _by_kernel(slots[begin : begin + count], plan, pool):
+                with torch.cuda.stream(self._gather):  # rows straight into the KV blocks
+                    chunk_ids = slot_ids[begin : begin + count]
+                    plan.copy(pool, chunk_ids, indices[begin : begin + count], to_rows=False)
+                self._record_reached(events, ends, begin + count)
+                continue
             buffer = ring.take()
             staged = buffer.data[:count]
             with torch.cuda.stream(self._copy):
@@ -164,18 +252,71 @@ class CudaBlockMover:
             with torch.cuda.stream(self._gather):
                 self._gather.wait_event(copied)
                 index = indices[begin : begin + count]
-                for layer in layers:
-                    layer.view.index_copy_(0, index, staged.narrow(1, layer.offset, layer.nbytes))
+                if plan is not None:
+                    plan.copy(staged, positions[:count], index, to_rows=False)
+                else:
+                    for layer in layers:
+                        view = staged.narrow(1, layer.offset, layer.nbytes)
+                        layer.view.index_copy_(0, index, view)
                 buffer.free = torch.cuda.Event()
                 buffer.free.record(self._gather)
+            self._record_reached(events, ends, begin + count)
+        return events
+
+    def _record_reached(
+        self, events: list[torch.cuda.Event], ends: Sequence[int], landed: int
+    ) -> None:
+        """Record, on the gather stream, an event for each end within the first `landed`
+        blocks that has none yet."""
+        while len(events) < len(ends) and ends[len(events)] <= landed:
+            event = torch.cuda.Event()
+            event.record(self._gather)
+            events.append(event)
+
+    def _direct_copy(
+        self,
+        group_id: int,
+        blocks: Sequence[int],
+        slots: Sequence[int],
+        pool: torch.Tensor,
+        caller: torch.cuda.Stream,
+        *,
+        to_rows: bool,
+    ) -> torch.cuda.Event:
+        """One kernel on the copy stream between GPU `blocks` and pool rows `slots`."""
+        self._copy.wait_stream(caller)
+        with torch.cuda.stream(self._copy):
+            block_ids = _index(blocks, self._device)
+            row_ids = _index(slots, self._device)
+            self._plans[group_id].copy(pool, row_ids, block_ids, to_rows=to_rows)
+        if to_rows:
+            # Later kernels may overwrite the blocks only once they have been read.
+            caller.wait_stream(self._copy)
         done = torch.cuda.Event()
-        done.record(self._gather)
+        done.record(self._copy)
         return done
 
     def synchronize(self) -> None:
         """Wait for every transfer issued so far."""
         self._gather.synchronize()
         self._copy.synchronize()
+
+
+def _by_kernel(
+    slots: Sequence[int], staged: torch.Tensor | GroupCopyPlan, pool: torch.Tensor
+) -> bool:
+    """True if a chunk should cross PCIe by kernel: its rows are strided (hybrid groups
+    share a row), or its slots form more runs than one DMA each is worth."""
+    width = staged.width if isinstance(staged, GroupCopyPlan) else staged.shape[1]
+    if width != pool.shape[1]:
+        return True
+    runs = 1
+    for i in range(1, len(slots)):
+        if slots[i] != slots[i - 1] + 1:
+            runs += 1
+            if runs > MAX_DMA_RUNS:
+                return True
+    return False
 
 
 def _index(blocks: Sequence[int], device: torch.device) -> torch.Tensor:

@@ -35,7 +35,7 @@ from .cost import LoadCostModel
 from .layout import SlotLayout
 from .log import logger
 from .plan import BlockTransfer, StepPlan, StoreReport, TransferJob
-from .stats import HitCounters
+from .stats import HitCounters, TransferTimer
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -112,6 +112,7 @@ class OffloadScheduler:
         self._job_ids = itertools.count()
         self._step_ids = itertools.count()
         self.counters = HitCounters()
+        self.timer = TransferTimer()
 
     # -- lookups ---------------------------------------------------------------------
     def lookup(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -248,6 +249,7 @@ class OffloadScheduler:
         job = TransferJob(next(self._job_ids), request.request_id, tuple(transfers))
         self._loads_to_send.append(job)
         self._loads_in_flight[request.request_id] = lookup
+        self.timer.start("load", request.request_id)
         state.lookup = None
         state.stored_blocks = max(state.stored_blocks, end)
         self.counters.loaded_blocks += end - start
@@ -327,6 +329,7 @@ class OffloadScheduler:
         job = TransferJob(next(self._job_ids), request.request_id, tuple(transfers))
         meta.stores.append(job)
         self._stores_in_flight[job.job_id] = _PendingStore(tickets, self._world_size)
+        self.timer.start("store", job.job_id)
         self.counters.stored_blocks += sum(len(t.slots) for t in transfers)
 
     # -- worker feedback ---------------------------------------------------------------
@@ -337,6 +340,7 @@ class OffloadScheduler:
         commit the stores every worker has finished."""
         for req_id in finished_recving or ():
             lookup = self._loads_in_flight.pop(req_id, None)
+            self.timer.finish("load", req_id)
             if lookup is not None:
                 for ticket in lookup.tickets():
                     self._store.end_load(ticket)
@@ -350,12 +354,14 @@ class OffloadScheduler:
             pending.remaining_workers -= count
             if pending.remaining_workers <= 0:
                 del self._stores_in_flight[job_id]
+                self.timer.finish("store", job_id)
                 for store_ticket in pending.tickets:
                     self._store.commit_store(store_ticket)
 
     def request_finished(self, req_id: str) -> None:
         """Forget a finished or aborted request and unpin anything it still holds."""
         state = self._requests.pop(req_id, None)
+        self.timer.forget("load", req_id)
         if state is not None:
             self._release_lookup(state)
 

@@ -22,6 +22,7 @@ from .layout import SlotLayout
 from .log import logger
 from .pool import adopt_physical_layout, build_store_config, unlink_anonymous_l1
 from .scheduler import OffloadScheduler
+from .stats import recovery_line
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -90,6 +91,8 @@ class OffloadSpec:
         """Scheduler side: attach to the workers' L1 files (after they registered their
         KV caches) and open or recover L2."""
         store = TieredStore(adopt_physical_layout(self.store_config), create_l1=False)
+        if self.store_config.l2 is not None:
+            logger.info(recovery_line(store.recovery, self.store_config.l2.path))
         if self.config.cpu_pool_path is None:
             unlink_anonymous_l1(self.store_config)
         return store

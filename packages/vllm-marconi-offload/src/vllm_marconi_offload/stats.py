@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import asdict, dataclass, field
 
-from kvpool_mmap import StoreStats
+from kvpool_mmap import RecoveryReport, StoreConfig, StoreStats
 
 
 @dataclass
@@ -89,21 +90,97 @@ def eviction_line(stats: StoreStats) -> str:
     )
 
 
+def occupancy(stats: StoreStats, config: StoreConfig) -> dict[str, int]:
+    """Blocks and bytes held and available per tier (a block spans every TP rank's slot)."""
+    block_bytes = config.stride * config.tp_size
+    return {
+        "l1_used_blocks": stats.l1_used,
+        "l1_used_bytes": stats.l1_used * block_bytes,
+        "l1_capacity_blocks": stats.l1_slots,
+        "l1_capacity_bytes": stats.l1_slots * block_bytes,
+        "l2_used_blocks": stats.l2_used,
+        "l2_used_bytes": stats.l2_used * block_bytes,
+        "l2_capacity_blocks": stats.l2_slots,
+        "l2_capacity_bytes": stats.l2_slots * block_bytes,
+    }
+
+
+def recovery_line(report: RecoveryReport, l2_path: object) -> str:
+    """The startup line saying what the L2 pool kept from the previous run, and why not more."""
+    dropped = report.corrupt_headers + report.incomplete + report.duplicates + report.bad_payloads
+    return (
+        f"L2 recovery: {len(report.blocks)} blocks recovered from {l2_path}, {dropped} dropped "
+        f"(torn_headers={report.corrupt_headers} incomplete_across_ranks={report.incomplete} "
+        f"older_duplicates={report.duplicates} bad_checksums={report.bad_payloads}); "
+        f"rank files wiped for another model/layout: {report.wiped_files}"
+    )
+
+
+@dataclass
+class TransferTimer:
+    """Seconds from a transfer's start to its completion, for `load` and `store`; the
+    durations wait in `samples` until `take` hands them to the metrics."""
+
+    clock: Callable[[], float] = time.monotonic
+    samples: dict[str, list[float]] = field(default_factory=lambda: {"load": [], "store": []})
+    _started: dict[tuple[str, Hashable], float] = field(default_factory=dict)
+
+    def start(self, kind: str, job: Hashable) -> None:
+        self._started[(kind, job)] = self.clock()
+
+    def finish(self, kind: str, job: Hashable) -> None:
+        """Record the duration of a started transfer; no-op for one not started."""
+        started = self._started.pop((kind, job), None)
+        if started is not None:
+            self.samples[kind].append(self.clock() - started)
+
+    def forget(self, kind: str, job: Hashable) -> None:
+        """Drop a transfer that will not complete (its request finished or was aborted)."""
+        self._started.pop((kind, job), None)
+
+    def take(self) -> dict[str, list[float]]:
+        """The durations recorded since the last call, by kind (`load_seconds`, ...)."""
+        taken = {f"{kind}_seconds": values for kind, values in self.samples.items() if values}
+        self.samples = {kind: [] for kind in self.samples}
+        return taken
+
+
+@dataclass
+class ReportedStats:
+    """What the last report said, so the next one sends only what changed."""
+
+    counters: dict[str, int] = field(default_factory=dict)
+    gauges: dict[str, int] = field(default_factory=dict)
+
+    def changes(self, counters: dict[str, int], gauges: dict[str, int]) -> dict[str, int]:
+        """Counter increments and gauge values that differ from the last report."""
+        data = {k: v - self.counters.get(k, 0) for k, v in counters.items()}
+        data = {k: v for k, v in data.items() if v}
+        data.update({k: v for k, v in gauges.items() if self.gauges.get(k) != v})
+        self.counters.update(counters)
+        self.gauges.update(gauges)
+        return data
+
+
 class StatsReporter:
-    """What the connector reports, from cumulative counters: the increments since the
-    last report (vLLM's KV-connector stats) and, every `hit_log_interval` lookups, the
-    hit and eviction log lines."""
+    """What the connector reports from the scheduler side: counter increments, gauges that
+    changed and transfer durations since the last report (vLLM's KV-connector stats), and,
+    every `hit_log_interval` lookups, the hit and eviction log lines."""
 
     def __init__(
         self,
         counters: HitCounters,
+        timer: TransferTimer,
         store_stats: Callable[[], StoreStats],
+        store_config: StoreConfig,
         hit_log_interval: int,
     ) -> None:
         self._counters = counters
+        self._timer = timer
         self._store_stats = store_stats
+        self._store_config = store_config
         self._interval = hit_log_interval
-        self._reported: dict[str, int] = {}
+        self._reported = ReportedStats()
         self._hit_lines_logged = 0
 
     def due_log_lines(self) -> list[str]:
@@ -115,9 +192,15 @@ class StatsReporter:
         self._hit_lines_logged = intervals
         return [self._counters.hit_line(), eviction_line(self._store_stats())]
 
-    def delta(self) -> dict[str, int]:
-        """Counters that grew since the last call, by how much (nothing when none did)."""
-        now = {**self._counters.as_dict(), **store_counters(self._store_stats())}
-        delta = {key: value - self._reported.get(key, 0) for key, value in now.items()}
-        self._reported.update(now)
-        return {key: value for key, value in delta.items() if value}
+    def report(self) -> dict[str, int | list[float]]:
+        """What changed since the last call (see the class docstring)."""
+        stats = self._store_stats()
+        data: dict[str, int | list[float]] = {}
+        data.update(
+            self._reported.changes(
+                counters={**self._counters.as_dict(), **store_counters(stats)},
+                gauges=occupancy(stats, self._store_config),
+            )
+        )
+        data.update(self._timer.take())
+        return data

@@ -7,13 +7,17 @@ stores start in `wait_for_save`, after the forward.
 On a CUDA KV cache with a page-locked L1 both run asynchronously (`CudaBlockMover`): a
 load is reported finished, and a store committed, only once its event has completed, so
 the scheduler never unpins or publishes an L1 slot whose copy is still in flight. Later
-kernels wait only for a store's GPU-side gather, never for its PCIe transfer. Elsewhere
-(CPU vLLM, or `VLLM_MARCONI_OFFLOAD_COPY=generic`) `BlockCopier` copies synchronously.
+kernels wait only for a store's GPU-side gather, never for its PCIe transfer. All jobs of
+a step move together: one mover call per KV-cache group, whatever the number of requests.
+Elsewhere (CPU vLLM, or `VLLM_MARCONI_OFFLOAD_COPY=generic`) `BlockCopier` copies
+synchronously.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TypeVar
@@ -30,13 +34,16 @@ from .metadata import OffloadMetadata, TransferJob, WorkerReport
 from .pool import publish_physical_layout
 
 COPY_ENV = "VLLM_MARCONI_OFFLOAD_COPY"
-COPY_MODES = ("async", "generic")
+COPY_MODES = ("async", "direct", "async-per-layer", "generic")
 _K = TypeVar("_K")
 
 
 def copy_mode_from_env() -> str:
-    """`VLLM_MARCONI_OFFLOAD_COPY`: `async` (default; CUDA side stream where possible) or
-    `generic` (synchronous torch copies)."""
+    """`VLLM_MARCONI_OFFLOAD_COPY`: `async` (default: staged DMA on CUDA side streams, one
+    Triton launch per chunk to gather or scatter the layers), `direct` (the GPU reads and
+    writes the L1 rows itself, one launch per step), `async-per-layer` (staged DMA with one
+    torch copy per layer, the path before the kernel) or `generic` (synchronous torch
+    copies)."""
     mode = os.environ.get(COPY_ENV, "").strip() or "async"
     if mode not in COPY_MODES:
         raise ConfigError(f"{COPY_ENV}={mode!r}: accepted values are {', '.join(COPY_MODES)}")
@@ -73,9 +80,13 @@ class OffloadWorker:
         registered = bool(first.is_cuda and l1.register_cuda())
         self._l1 = l1
         self._pool = l1.torch_view()
-        if registered and mode == "async":
+        if registered and mode != "generic":
             self._mover = CudaBlockMover(
-                self._copier.layers, first.device, staging_bytes_from_env()
+                self._copier.layers,
+                first.device,
+                staging_bytes_from_env(),
+                kernel=mode != "async-per-layer",
+                direct=mode == "direct",
             )
         logger.info(
             "vllm-marconi-offload worker rank %d: L1 %s, %d slots of %d bytes, %s copies",
@@ -83,44 +94,59 @@ class OffloadWorker:
             l1.path,
             self._pool.shape[0],
             self._pool.shape[1],
-            "async CUDA" if self._mover is not None else "synchronous",
+            _describe(self._mover, mode),
         )
 
     def start_loads(self, meta: OffloadMetadata) -> None:
         self._step = meta.step
+        if self._mover is not None:
+            issued = time.perf_counter()
+            per_job = self._start_loads(meta.loads)
+            self._loads_in_flight += [
+                (job.req_id, events) for job, events in zip(meta.loads, per_job, strict=True)
+            ]
+            if meta.loads and logger.isEnabledFor(logging.DEBUG):
+                logger.debug(
+                    "loads issued at %.3f: %d requests, %.1f ms to issue",
+                    time.time(),
+                    len(meta.loads),
+                    (time.perf_counter() - issued) * 1e3,
+                )
+            return
         for job in meta.loads:
-            if self._mover is not None:
-                self._loads_in_flight.append((job.req_id, self._start(job, load=True)))
-            else:
-                self._run(job, load=True)
-                self._finished_loads.add(job.req_id)
+            self._run(job, load=True)
+            self._finished_loads.add(job.req_id)
 
     def run_stores(self, meta: OffloadMetadata) -> None:
+        if self._mover is not None:
+            events = self._start_stores(meta.stores)
+            self._stores_in_flight += [(job.job_id, events) for job in meta.stores]
+            return
         for job in meta.stores:
-            if self._mover is not None:
-                self._stores_in_flight.append((job.job_id, self._start(job, load=False)))
-            else:
-                self._run(job, load=False)
-                self._finished_stores[job.job_id] += 1
+            self._run(job, load=False)
+            self._finished_stores[job.job_id] += 1
 
-    def _start(self, job: TransferJob, *, load: bool) -> list[torch.cuda.Event]:
+    def _start_loads(self, jobs: list[TransferJob]) -> list[list[torch.cuda.Event]]:
+        """Issue every job's loads as one mover call per group, in job order; each job
+        gets the events that complete once its own blocks have landed."""
         assert self._mover is not None
         assert self._pool is not None
-        events = []
-        for transfer in job.transfers:
-            if load:
-                events.append(
-                    self._mover.load(
-                        transfer.group_id, transfer.slots, transfer.gpu_blocks, self._pool
-                    )
-                )
-            else:
-                events.append(
-                    self._mover.store(
-                        transfer.group_id, transfer.gpu_blocks, transfer.slots, self._pool
-                    )
-                )
-        return events
+        per_job: list[list[torch.cuda.Event]] = [[] for _ in jobs]
+        for group_id, (blocks, slots, ends) in _by_group(jobs).items():
+            events = self._mover.load(group_id, slots, blocks, self._pool, ends)
+            for job_events, event in zip(per_job, events, strict=True):
+                job_events.append(event)
+        return per_job
+
+    def _start_stores(self, jobs: list[TransferJob]) -> list[torch.cuda.Event]:
+        """Issue every job's stores as one mover call per group; the events complete
+        when all of them have landed."""
+        assert self._mover is not None
+        assert self._pool is not None
+        return [
+            self._mover.store(group_id, blocks, slots, self._pool)
+            for group_id, (blocks, slots, _) in _by_group(jobs).items()
+        ]
 
     def _run(self, job: TransferJob, *, load: bool) -> None:
         assert self._copier is not None, "register_kv_caches first"
@@ -138,6 +164,8 @@ class OffloadWorker:
     def take_finished_loads(self) -> set[str] | None:
         self._loads_in_flight = _collect(self._loads_in_flight, self._finished_loads.add)
         finished, self._finished_loads = self._finished_loads, set()
+        if finished and logger.isEnabledFor(logging.DEBUG):
+            logger.debug("loads reported finished at %.3f: %d requests", time.time(), len(finished))
         return finished or None
 
     def take_report(self) -> WorkerReport | None:
@@ -164,6 +192,33 @@ class OffloadWorker:
         close = getattr(self._l1, "close", None)
         if close is not None:
             close()
+
+
+def _by_group(jobs: list[TransferJob]) -> dict[int, tuple[list[int], list[int], list[int]]]:
+    """Per KV-cache group: every job's GPU blocks and slots, concatenated in job order,
+    and the running block count at the end of each job."""
+    grouped: dict[int, tuple[list[int], list[int], list[int]]] = {}
+    for group_id in sorted({t.group_id for job in jobs for t in job.transfers}):
+        blocks: list[int] = []
+        slots: list[int] = []
+        ends: list[int] = []
+        for job in jobs:
+            for transfer in job.transfers:
+                if transfer.group_id == group_id:
+                    blocks.extend(transfer.gpu_blocks)
+                    slots.extend(transfer.slots)
+            ends.append(len(blocks))
+        grouped[group_id] = (blocks, slots, ends)
+    return grouped
+
+
+def _describe(mover: CudaBlockMover | None, mode: str) -> str:
+    """How this worker copies, for the start-up line."""
+    if mover is None:
+        return "synchronous"
+    if mode == "direct":
+        return "direct CUDA (Triton)"
+    return "async CUDA" + (" (Triton gather/scatter)" if mover.uses_kernel else "")
 
 
 def _collect(
