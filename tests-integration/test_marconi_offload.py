@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import BLOCK, EngineRun, connector_config, make_prompt, vllm_release
+from conftest import BLOCK, HERE, EngineRun, connector_config, make_prompt, vllm_release
+from vllm_env import offline_engine_env
 
 pytestmark = pytest.mark.vllm
 
@@ -124,6 +128,8 @@ def test_l2_hits_after_engine_restart(
     )
     assert first.cached(0) == [0]
     assert "L2 recovery: 0 blocks recovered" in first.last_line("L2 recovery:")
+    # L1 is scratch: the engine removed its L1 file and layout note when it exited
+    assert sorted(p.name for p in (tmp_path / "l1").iterdir()) == []
     second = run_engine(
         {"model": tiny_llama, "kv_transfer_config": config, "phases": [{"prompts": [PROMPT_A]}]}
     )
@@ -214,3 +220,78 @@ def test_hybrid_model_gets_hits_and_identical_tokens(
     # Attention blocks and the linear-attention state at the hit's end came from L1.
     assert offload.cached(1)[0] > len(prompt) // 2
     assert hit_percent(offload, "l1") > 0
+
+
+def failed_engine(spec: dict[str, object], tmp_path: Path, **env: str) -> str:
+    """Run `drivers/generate.py` with `spec`, which must fail; its output."""
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "drivers" / "generate.py"), str(spec_file)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=offline_engine_env(**env),
+    )
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    return proc.stdout + proc.stderr
+
+
+def test_bad_key_stops_the_server_once_before_the_engine_starts(
+    tiny_llama: str, tmp_path: Path
+) -> None:
+    """A typo in `kv_connector_extra_config` stops `LLM(...)` (as `vllm serve`: engine core
+    in its own process) while the configuration is built: one error naming the key, and no
+    engine core or worker ever started."""
+    config = connector_config(cpu_bytes_to_us="1GiB")
+    log = failed_engine(
+        {"model": tiny_llama, "kv_transfer_config": config, "phases": []},
+        tmp_path,
+        VLLM_ENABLE_V1_MULTIPROCESSING="1",
+    )
+    assert log.count("unknown key(s) ['cpu_bytes_to_us']") == 1, log[-4000:]
+    assert "accepted keys" in log
+    assert "Initializing a V1 LLM engine" not in log, log[-4000:]  # no engine core started
+
+
+def test_second_engine_on_a_held_pool_changes_nothing_and_names_the_holder(
+    tiny_llama: str, tmp_path: Path
+) -> None:
+    """Another process holds the pool this engine would use (same pool_name and
+    cpu_pool_path): the engine stops before touching the file and says who holds it and
+    which key to change."""
+    l1 = tmp_path / "l1"
+    l1.mkdir()
+    held = l1 / "kvpool-shared-dp0-tp0.l1"
+    held.write_bytes(b"owned by the first engine" * 100)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\n"
+            "time.sleep(600)\n",
+            str(held),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        config = connector_config(
+            cpu_pool_path=str(l1), cpu_bytes_to_use="64MiB", pool_name="shared"
+        )
+        log = failed_engine(
+            {"model": tiny_llama, "kv_transfer_config": config, "phases": []}, tmp_path
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert f"{held} is in use by process {holder.pid} (" in log, log[-4000:]
+    assert "nothing was changed" in log
+    assert "its own pool_name (now 'shared') or its own cpu_pool_path" in log
+    assert held.read_bytes() == b"owned by the first engine" * 100
+    assert sorted(p.name for p in l1.iterdir()) == [held.name]  # no layout note either

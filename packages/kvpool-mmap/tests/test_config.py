@@ -38,12 +38,39 @@ def test_bad_setting_names_it(
         make_config(**override)
 
 
-@pytest.mark.parametrize("size", [0, -1])
+@pytest.mark.parametrize("size", [0, -1, 1 << 63, 10**30, 1e30, float("inf"), float("nan")])
 def test_bad_tier_size(tmp_path: Path, make_config: MakeConfig, size: int) -> None:
     with pytest.raises(ConfigError, match=r"l1\.bytes_to_use"):
         make_config(l1=TierConfig(tmp_path, size))
     with pytest.raises(ConfigError, match=r"l2\.bytes_to_use"):
         make_config(l2=TierConfig(tmp_path, size))
+
+
+@pytest.mark.parametrize("path", [".", "..", " ", "", "relative/dir", "l1"])
+def test_relative_or_blank_tier_path(path: str, make_config: MakeConfig) -> None:
+    # a relative path names another directory in each process ("." put L1 on disk)
+    with pytest.raises(ConfigError, match=r"l1\.path must be an absolute directory path"):
+        make_config(l1=TierConfig(path, 1 << 20))
+    with pytest.raises(ConfigError, match=r"l2\.path must be an absolute directory path"):
+        make_config(l2=TierConfig(path, 1 << 20))
+
+
+@pytest.mark.parametrize(
+    ("override", "setting"),
+    [
+        ({"fsync_interval_s": float("nan")}, "fsync_interval_s"),
+        ({"fsync_interval_s": float("inf")}, "fsync_interval_s"),
+        ({"io_threads": 10**9}, "io_threads"),
+        ({"stride": 1 << 63}, "stride"),
+        ({"verify_on_open": "false"}, "verify_on_open"),
+        ({"write_through": 0}, "write_through"),
+    ],
+)
+def test_out_of_range_values_name_the_setting(
+    make_config: MakeConfig, override: dict[str, Any], setting: str
+) -> None:
+    with pytest.raises(ConfigError, match=setting):
+        make_config(**override)
 
 
 def test_budget_smaller_than_one_slot_after_split(make_config: MakeConfig) -> None:
@@ -101,6 +128,6 @@ def test_from_dict_rejects_unknown_keys(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"unknown setting.*cpu_bytes"):
         StoreConfig.from_dict({**base, "cpu_bytes_to_use": 1})
     with pytest.raises(ConfigError, match="unknown l1 setting"):
-        StoreConfig.from_dict({**base, "l1": {"path": "x", "bytes_to_use": 1, "size": 2}})
+        StoreConfig.from_dict({**base, "l1": {"path": "/x", "bytes_to_use": 1, "size": 2}})
     with pytest.raises(ConfigError, match="stride"):
         StoreConfig.from_dict({k: v for k, v in base.items() if k != "stride"})

@@ -2,35 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import MakeConfig
 from kvpool_mmap import InsufficientSpaceError, TierConfig, TieredStore, open_l1_rank
-
-
-@pytest.fixture
-def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs (needs root and mount privileges; skipped otherwise)."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a 1 MiB tmpfs needs root")
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (no CAP_SYS_ADMIN?): {proc.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_l1_larger_than_tmpfs(tiny_tmpfs: Path, make_config: MakeConfig) -> None:

@@ -40,14 +40,14 @@ def test_seed_quickstart_config_is_accepted() -> None:
         ({"eviction_reuse_mode": "square"}, "eviction_reuse_mode must be one of"),
         ({"eviction_decay": -0.1}, "eviction_decay must be a finite number >= 0.0"),
         ({"eviction_decay": float("nan")}, "eviction_decay"),
-        ({"cpu_bytes_to_use": 0}, "cpu_bytes_to_use must be an integer >= 1"),
-        ({"cpu_bytes_to_use": "lots"}, "cpu_bytes_to_use must be an integer"),
-        ({"cpu_bytes_to_use": 1.5}, "cpu_bytes_to_use must be an integer"),
-        ({"cpu_bytes_to_use": True}, "cpu_bytes_to_use must be an integer"),
+        ({"cpu_bytes_to_use": 0}, "cpu_bytes_to_use must be a byte count in [1, 2^60]"),
+        ({"cpu_bytes_to_use": "lots"}, "cpu_bytes_to_use must be a byte count"),
+        ({"cpu_bytes_to_use": 1.5}, "cpu_bytes_to_use must be a byte count"),
+        ({"cpu_bytes_to_use": True}, "cpu_bytes_to_use must be a byte count"),
         ({"admission_threshold": 0}, "admission_threshold must be an integer >= 1"),
         ({"l2_bytes_to_use": 1 << 30}, "l2_bytes_to_use is set but l2_pool_path is not"),
         ({"l2_pool_path": "/tmp/x"}, "l2_pool_path is set: l2_bytes_to_use must be"),
-        ({"cpu_pool_path": ""}, "cpu_pool_path must be a non-empty string"),
+        ({"cpu_pool_path": ""}, "cpu_pool_path must be an absolute directory path"),
         ({"cpu_bytes": 1}, "unknown key(s) ['cpu_bytes']"),
     ],
 )
@@ -57,9 +57,108 @@ def test_bad_values_name_the_key(extra: dict[str, object], message: str) -> None
     assert message in str(excinfo.value)
 
 
-def test_lru_takes_no_marconi_options() -> None:
+def test_lru_takes_no_marconi_options(caplog: pytest.LogCaptureFixture) -> None:
     config = OffloadConfig.from_extra_config({"eviction_policy": "lru", "eviction_decay": 0.1})
     assert config.eviction_options == {}
+    assert "eviction_decay is ignored: eviction_policy='lru' takes no Marconi options" in (
+        caplog.text
+    )
+
+
+def test_storage_keys_without_l2_are_reported_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    OffloadConfig.from_extra_config({"l2_fsync": "always"})
+    assert "l2_fsync is ignored: there is no L2" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("8GiB", 8 << 30),
+        ("8 GiB", 8 << 30),
+        ("512MiB", 512 << 20),
+        ("1.5GiB", 3 << 29),
+        ("8GB", 8 * 10**9),
+        ("1073741824", 1 << 30),
+        (1 << 30, 1 << 30),
+        (1073741824.0, 1 << 30),
+    ],
+)
+def test_byte_sizes_accept_unit_strings(text: object, size: int) -> None:
+    config = OffloadConfig.from_extra_config(
+        {"cpu_bytes_to_use": text, "l2_pool_path": "/l2", "l2_bytes_to_use": text}
+    )
+    assert config.cpu_bytes_to_use == size
+    assert config.l2_bytes_to_use == size
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"cpu_bytes_to_use": float("inf")}, "cpu_bytes_to_use must be a byte count in [1, 2^60]"),
+        ({"cpu_bytes_to_use": float("-inf")}, "cpu_bytes_to_use must be a byte count"),
+        ({"cpu_bytes_to_use": float("nan")}, "cpu_bytes_to_use must be a byte count"),
+        ({"cpu_bytes_to_use": 1 << 63}, "cpu_bytes_to_use must be a byte count in [1, 2^60]"),
+        ({"cpu_bytes_to_use": 1e30}, "cpu_bytes_to_use must be a byte count"),
+        ({"cpu_bytes_to_use": "8G"}, "not a bare unit"),
+        ({"cpu_bytes_to_use": "-1GiB"}, "cpu_bytes_to_use must be a byte count"),
+        ({"l2_pool_path": "/l2", "l2_bytes_to_use": "2EiB"}, "l2_bytes_to_use must be"),
+        ({"admission_threshold": float("inf")}, "admission_threshold must be an integer >= 1"),
+        ({"hit_log_interval": float("nan")}, "hit_log_interval must be an integer >= 1"),
+        ({"io_threads": 100000}, "io_threads must be an integer in [1, 256]"),
+        ({"cpu_pool_path": "."}, "cpu_pool_path must be an absolute directory path"),
+        ({"cpu_pool_path": ".."}, "cpu_pool_path must be an absolute directory path"),
+        ({"cpu_pool_path": " "}, "cpu_pool_path must be an absolute directory path"),
+        ({"l2_pool_path": "kv", "l2_bytes_to_use": 1}, "l2_pool_path must be an absolute"),
+        ({"pool_name": "a/b"}, "pool_name must be 1-64 characters"),
+        ({"pool_name": "a b"}, "pool_name must be 1-64 characters"),
+        ({"pool_name": "x" * 65}, "pool_name must be 1-64 characters"),
+        ({"l2_fsync": "sometimes"}, "l2_fsync must be one of ['batch', 'always', 'never']"),
+        ({"direct_io": "yes"}, "direct_io must be one of ['auto', 'on', 'off']"),
+        ({"verify_on_open": "false"}, "verify_on_open must be true or false"),
+    ],
+)
+def test_edge_values_are_rejected_naming_the_key(extra: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        OffloadConfig.from_extra_config(extra)
+    assert message in str(excinfo.value)
+
+
+def test_storage_keys_reach_the_store() -> None:
+    config = OffloadConfig.from_extra_config(
+        {
+            "l2_pool_path": "/l2",
+            "l2_bytes_to_use": "1GiB",
+            "l2_fsync": "always",
+            "direct_io": "off",
+            "io_threads": 8,
+            "verify_on_open": True,
+        }
+    )
+    assert (config.l2_fsync, config.direct_io, config.io_threads, config.verify_on_open) == (
+        "always",
+        "off",
+        8,
+        True,
+    )
+
+
+def test_kvpool_errors_use_the_users_keys() -> None:
+    import kvpool_mmap
+    from vllm_marconi_offload.config import user_keys
+
+    with pytest.raises(kvpool_mmap.ConfigError) as excinfo, user_keys():
+        kvpool_mmap.StoreConfig(
+            stride=1 << 20,
+            engine_id="e",
+            fingerprint=b"f",
+            l1=kvpool_mmap.TierConfig("/dev/shm/x", 4096),
+        )
+    assert "cpu_bytes_to_use=4096 holds no slot" in str(excinfo.value)
+    assert "l1." not in str(excinfo.value)
+    with pytest.raises(kvpool_mmap.PoolInUseError) as busy, user_keys():
+        raise kvpool_mmap.PoolInUseError(16, "x is in use; its own engine_id or its own l2.path")
+    assert busy.value.errno == 16
+    assert "its own pool_name or its own l2_pool_path" in str(busy.value)
 
 
 @pytest.mark.vllm  # the worker's modules import torch

@@ -73,8 +73,8 @@ def test_pool_name_survives_restarts_and_tracks_the_checkpoint(tmp_path: Path) -
     assert name.startswith("model-")
     (model / "config.json").write_text('{"hidden_size": 128}')  # a new checkpoint
     assert layout_fingerprint(vllm_config, layout(), 32) != before
-    named = OffloadConfig.from_extra_config({"pool_name": "prod/llama 8b"})
-    assert engine_name(vllm_config, named, before) == "prod_llama_8b"
+    named = OffloadConfig.from_extra_config({"pool_name": "prod.llama-8b"})
+    assert engine_name(vllm_config, named, before) == "prod.llama-8b"  # used as it is
 
 
 def test_l2_written_under_another_physical_layout_is_never_loaded(tmp_path: Path) -> None:

@@ -11,7 +11,18 @@ and the scheduler owns `TieredStore(config, create_l1=False)`.
 """
 
 from ._codec import FORMAT_VERSION
-from ._config import HEADER_BYTES, MAX_KEY_BYTES, PAGE, StoreConfig, TierConfig
+from ._config import (
+    DIRECT_IO_MODES,
+    FSYNC_MODES,
+    HEADER_BYTES,
+    MAX_IO_THREADS,
+    MAX_KEY_BYTES,
+    MAX_TIER_BYTES,
+    PAGE,
+    StoreConfig,
+    TierConfig,
+    check_pool_path,
+)
 from ._errors import (
     ConfigError,
     InsufficientSpaceError,
@@ -20,15 +31,20 @@ from ._errors import (
     PoolInUseError,
 )
 from ._l1 import L1RankFile, open_l1_rank
-from ._recovery import RecoveryReport, check_l2
+from ._pools import PoolFile, inspect_pool_file, pool_files, remove_if_stale, remove_stale_l1
+from ._recovery import RecoveryReport, check_l2, check_l2_files
 from ._store import TieredStore
 from ._types import LoadStatus, LoadTicket, StoreStats, StoreTicket, Tier
 from ._version import __version__
 
 __all__ = [
+    "DIRECT_IO_MODES",
     "FORMAT_VERSION",
+    "FSYNC_MODES",
     "HEADER_BYTES",
+    "MAX_IO_THREADS",
     "MAX_KEY_BYTES",
+    "MAX_TIER_BYTES",
     "PAGE",
     "ConfigError",
     "InsufficientSpaceError",
@@ -37,6 +53,7 @@ __all__ = [
     "LayoutMismatchError",
     "LoadStatus",
     "LoadTicket",
+    "PoolFile",
     "PoolInUseError",
     "RecoveryReport",
     "StoreConfig",
@@ -47,5 +64,11 @@ __all__ = [
     "TieredStore",
     "__version__",
     "check_l2",
+    "check_l2_files",
+    "check_pool_path",
+    "inspect_pool_file",
     "open_l1_rank",
+    "pool_files",
+    "remove_if_stale",
+    "remove_stale_l1",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -25,8 +26,8 @@ FsyncMode = Literal["batch", "always", "never"]
 DirectIO = Literal["auto", "on", "off"]
 
 _ENGINE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_FSYNC_MODES = ("batch", "always", "never")
-_DIRECT_MODES = ("auto", "on", "off")
+FSYNC_MODES: tuple[FsyncMode, ...] = ("batch", "always", "never")
+DIRECT_IO_MODES: tuple[DirectIO, ...] = ("auto", "on", "off")
 
 
 def round_up(n: int, to: int) -> int:
@@ -34,9 +35,40 @@ def round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-def _positive_int(name: str, value: object, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+MAX_TIER_BYTES = 1 << 60
+"""Largest byte budget (1 EiB): every file offset must fit a signed 64-bit integer."""
+
+MAX_IO_THREADS = 256
+
+
+def _positive_int(name: str, value: object, minimum: int = 1, maximum: int | None = None) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ConfigError(f"{name} must be an integer {bound}, got {value!r}")
+
+
+def check_pool_path(value: object, setting: str) -> str:
+    """`value` as a directory path for pool files, or ConfigError naming `setting`.
+
+    The path must be absolute: every process of an engine (scheduler, workers) must
+    name the same directory whatever its working directory is.
+    """
+    if not isinstance(value, (str, os.PathLike)):
+        raise ConfigError(f"{setting} must be an absolute directory path, got {value!r}")
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip() or "\x00" in text:
+        raise ConfigError(f"{setting} must be an absolute directory path, got {value!r}")
+    if not os.path.isabs(text):
+        raise ConfigError(
+            f"{setting} must be an absolute directory path, got {text!r}: a relative path "
+            "would name a different directory in each process (working directories differ)"
+        )
+    return text
 
 
 @dataclass(frozen=True)
@@ -44,15 +76,16 @@ class TierConfig:
     """One tier: a directory and the byte budget of the whole server for it."""
 
     path: str | os.PathLike[str]
-    """Directory holding this tier's files (created if its parent exists)."""
+    """Absolute path of the directory holding this tier's files (created if its parent
+    exists)."""
     bytes_to_use: int
-    """Total bytes for the whole server; split evenly over dp_size x tp_size ranks."""
+    """Total bytes for the whole server, at most MAX_TIER_BYTES; split evenly over
+    dp_size x tp_size ranks."""
 
     def validate(self, name: str) -> None:
         """Raise ConfigError naming `name.<setting>` if a value is out of range."""
-        if not isinstance(self.path, (str, os.PathLike)) or str(self.path) == "":
-            raise ConfigError(f"{name}.path must be a non-empty directory path, got {self.path!r}")
-        _positive_int(f"{name}.bytes_to_use", self.bytes_to_use)
+        check_pool_path(self.path, f"{name}.path")
+        _positive_int(f"{name}.bytes_to_use", self.bytes_to_use, maximum=MAX_TIER_BYTES)
 
 
 @dataclass(frozen=True)
@@ -106,7 +139,7 @@ class StoreConfig:
     """Read every L2 payload at start and drop slots whose checksum fails (slow; for checks)."""
 
     def __post_init__(self) -> None:
-        _positive_int("stride", self.stride)
+        _positive_int("stride", self.stride, maximum=MAX_TIER_BYTES)
         if not isinstance(self.engine_id, str) or not _ENGINE_ID.match(self.engine_id):
             raise ConfigError(
                 f"engine_id must match [A-Za-z0-9_.-]{{1,64}}, got {self.engine_id!r}"
@@ -134,15 +167,24 @@ class StoreConfig:
             )
         _positive_int("admission_threshold", self.admission_threshold)
         _positive_int("admission_max_entries", self.admission_max_entries)
-        _positive_int("io_threads", self.io_threads)
+        _positive_int("io_threads", self.io_threads, maximum=MAX_IO_THREADS)
         _positive_int("max_inflight_io", self.max_inflight_io)
         _positive_int("write_through_queue", self.write_through_queue)
-        if self.l2_fsync not in _FSYNC_MODES:
-            raise ConfigError(f"l2_fsync must be one of {_FSYNC_MODES}, got {self.l2_fsync!r}")
-        if self.direct_io not in _DIRECT_MODES:
-            raise ConfigError(f"direct_io must be one of {_DIRECT_MODES}, got {self.direct_io!r}")
-        if not isinstance(self.fsync_interval_s, (int, float)) or self.fsync_interval_s <= 0:
-            raise ConfigError(f"fsync_interval_s must be > 0, got {self.fsync_interval_s!r}")
+        if self.l2_fsync not in FSYNC_MODES:
+            raise ConfigError(f"l2_fsync must be one of {FSYNC_MODES}, got {self.l2_fsync!r}")
+        if self.direct_io not in DIRECT_IO_MODES:
+            raise ConfigError(f"direct_io must be one of {DIRECT_IO_MODES}, got {self.direct_io!r}")
+        for flag in ("write_through", "verify_on_open"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
+        interval = self.fsync_interval_s
+        if (
+            isinstance(interval, bool)
+            or not isinstance(interval, (int, float))
+            or not math.isfinite(interval)
+            or interval <= 0
+        ):
+            raise ConfigError(f"fsync_interval_s must be a finite number > 0, got {interval!r}")
         per_rank = self.dp_size * self.tp_size
         if self.l1.bytes_to_use // per_rank < self.stride:
             raise ConfigError(

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import weakref
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,7 +19,9 @@ from . import _cuda
 from ._codec import L1_MAGIC, Superblock, describe_mismatch, expected_superblock
 from ._config import PAGE, StoreConfig, prepare_dir
 from ._errors import LayoutMismatchError
-from ._slab import close_map, create_fresh, map_file, read_page0
+from ._lock import lock_or_raise, same_file
+from ._pools import remove_if_stale, remove_stale_l1
+from ._slab import close_map, map_file, open_pool_file, read_page0, reserve
 
 log = logging.getLogger("kvpool_mmap")
 
@@ -44,15 +48,25 @@ class L1RankFile:
         self.data_offset = want.data_offset
         size = self.data_offset + self.num_slots * self.stride
         if create:
-            create_fresh(self.path, size, want.encode(), "l1.bytes_to_use")
-        try:
-            self._fd = os.open(self.path, os.O_RDWR)
-        except FileNotFoundError:
-            raise LayoutMismatchError(
-                f"L1 file {self.path} for tp rank {rank} does not exist: the worker of that "
-                "rank must call open_l1_rank(config, rank, create=True) before the store "
-                "attaches (or construct TieredStore(config) with create_l1=True)"
-            ) from None
+            self._fd = _create_locked(
+                self.path,
+                size,
+                want.encode(),
+                "l1.bytes_to_use",
+                "l1.path",
+                f"Every running engine needs its own engine_id (now {config.engine_id!r}) "
+                "or its own l1.path.",
+            )
+            remove_stale_l1(self.path.parent)
+        else:
+            try:
+                self._fd = open_pool_file(self.path, "l1.path", create=False)
+            except FileNotFoundError:
+                raise LayoutMismatchError(
+                    f"L1 file {self.path} for tp rank {rank} does not exist: the worker of "
+                    "that rank must call open_l1_rank(config, rank, create=True) before the "
+                    "store attaches (or construct TieredStore(config) with create_l1=True)"
+                ) from None
         try:
             found = Superblock.decode(read_page0(self._fd, PAGE), L1_MAGIC)
             if found != want:
@@ -64,8 +78,17 @@ class L1RankFile:
                 raise LayoutMismatchError(f"L1 file {self.path} is shorter than {size} bytes")
             self._mm = map_file(self._fd, size, populate=create if populate is None else populate)
         except BaseException:
+            if create:
+                _unlink_if_same(self.path, self._fd)
             os.close(self._fd)
             raise
+        st = os.fstat(self._fd)
+        self._unlink_at_exit = (
+            weakref.finalize(self, _unlink_if_inode, self.path, st.st_ino, st.st_dev, os.getpid())
+            if create
+            else None
+        )
+        """Removes the file at interpreter exit if close() was never called (creator only)."""
         self.array: np.ndarray = np.frombuffer(
             self._mm, dtype=np.uint8, count=self.num_slots * self.stride, offset=self.data_offset
         ).reshape(self.num_slots, self.stride)
@@ -114,24 +137,80 @@ class L1RankFile:
             _cuda.host_unregister(self.array.ctypes.data)
             self._registered = False
 
-    def close(self, unlink: bool = False) -> None:
-        """Unmap (views still alive keep the memory) and optionally delete the file."""
+    def close(self, unlink: bool | None = None) -> None:
+        """Unmap (views still alive keep the memory) and release the file.
+
+        unlink (default: whether this handle created the file) removes the file if it is
+        still the one mapped here. L1 is scratch memory: its contents mean nothing without
+        the store's index, so a creator removes it on close and a later start makes a new
+        one (files of owners that died without closing are removed then).
+        """
         if self._closed:
             return
         self._closed = True
         self.unregister_cuda()
         del self.array
         close_map(self._mm)
-        os.close(self._fd)
-        if unlink:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+        if self.created if unlink is None else unlink:
+            _unlink_if_same(self.path, self._fd)
+        if self._unlink_at_exit is not None:
+            self._unlink_at_exit.detach()
+        os.close(self._fd)  # releases the lock
 
     def __enter__(self) -> L1RankFile:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close(unlink=self.created)
+        self.close()
+
+
+def _create_locked(
+    path: Path, size: int, first_page: bytes, setting: str, setting_path: str, hint: str
+) -> int:
+    """Create `path` anew, locked by this process; return its open, locked descriptor.
+
+    The lock is taken before anything is changed: if a live owner holds the file,
+    PoolInUseError names it (with `hint`) and the file is left alone; a path that is no
+    regular file is a ConfigError naming `setting_path`. A file at `path`
+    whose owner died is removed first, so its space is free before the new file
+    reserves its own (the budget is never needed twice). The superblock is written last:
+    until then the file fails every attach check. Processes that still map a removed
+    file keep its memory.
+    """
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            remove_if_stale(path, setting_path, hint)
+            continue
+        try:
+            lock_or_raise(fd, path, hint)
+            if not same_file(fd, path):  # removed as stale before we locked it: again
+                os.close(fd)
+                continue
+            reserve(fd, size, path, setting)
+            os.pwrite(fd, first_page, 0)
+        except BaseException:
+            _unlink_if_same(path, fd)
+            os.close(fd)
+            raise
+        return fd
+
+
+def _unlink_if_same(path: Path, fd: int) -> None:
+    """Remove `path` if it still names the open file `fd`."""
+    if same_file(fd, path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _unlink_if_inode(path: Path, ino: int, dev: int, creator: int) -> None:
+    if os.getpid() != creator:  # a forked child exiting must not remove its parent's file
+        return
+    with contextlib.suppress(OSError):
+        st = os.stat(path, follow_symlinks=False)
+        if (st.st_ino, st.st_dev) == (ino, dev):
+            os.unlink(path)
 
 
 def open_l1_rank(
@@ -139,8 +218,11 @@ def open_l1_rank(
 ) -> L1RankFile:
     """Map tensor-parallel rank `rank`'s L1 file.
 
-    create=True (a vLLM worker at start-up, or a standalone store) makes the file fresh,
-    reserving its space (InsufficientSpaceError if the tmpfs is too small); create=False
+    create=True (a vLLM worker at start-up, or a standalone store) locks the file for
+    this process (PoolInUseError naming the owner if a running engine holds it; nothing
+    is changed then), removes stale L1 files of dead owners in the directory, and makes
+    the file fresh, reserving its space (InsufficientSpaceError if the tmpfs is too
+    small); the file is removed again on close() or at interpreter exit. create=False
     attaches to an existing file and raises LayoutMismatchError if it is missing or was
     made for another geometry, engine or fingerprint. populate (default: create) pre-faults
     the mapping (MAP_POPULATE) so GPU copies never fault; the scheduler-side store, which

@@ -13,10 +13,10 @@ distinct slots; the store orders operations on one slot.
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import mmap
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -28,8 +28,9 @@ from ._codec import (
     expected_superblock,
 )
 from ._config import HEADER_BYTES, PAGE, StoreConfig, prepare_dir
-from ._errors import LayoutMismatchError, PoolInUseError
-from ._slab import read_exact, reserve, write_all
+from ._errors import LayoutMismatchError
+from ._lock import lock_or_raise
+from ._slab import open_pool_file, read_exact, reserve, write_all
 
 log = logging.getLogger("kvpool_mmap")
 
@@ -40,33 +41,56 @@ class L2RankFile:
     def __init__(self, config: StoreConfig, rank: int, wipe: bool = True) -> None:
         assert config.l2 is not None
         prepare_dir(config.l2.path, "l2.path")
-        self.rank = rank
-        self.path = config.l2_file(rank)
-        self.num_slots = config.l2_slots
-        self.stride = config.stride
-        self.payload_bytes = config.l2_payload_bytes
-        self.want = expected_superblock(config, rank, L2_MAGIC, self.num_slots, self.payload_bytes)
-        self.header_offset = self.want.header_offset
-        self.data_offset = self.want.data_offset
-        self.size = self.data_offset + self.num_slots * self.payload_bytes
-        self.wiped = False
-        self._fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
+        want = expected_superblock(config, rank, L2_MAGIC, config.l2_slots, config.l2_payload_bytes)
+        self._setup(config.l2_file(rank), want)
+        self._fd = open_pool_file(self.path, "l2.path", create=True)
         self._dfd = -1
         try:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise PoolInUseError(
-                    errno.EBUSY,
-                    f"{self.path} is in use by another process (same engine_id "
-                    f"{config.engine_id!r} and l2.path); give each engine its own engine_id",
-                ) from None
+            lock_or_raise(
+                self._fd,
+                self.path,
+                f"Every running engine needs its own engine_id (now {config.engine_id!r}) "
+                "or its own l2.path.",
+            )
             self._open_or_wipe(wipe)
             self._dfd = self._open_direct(config)
         except BaseException:
             self._close_fds()
             raise
         self.direct = self._dfd != self._fd
+
+    @classmethod
+    def open_existing(cls, path: Path) -> L2RankFile:
+        """Open a pool file by its path alone (offline tools): locked, geometry from its
+        own superblock, page-cache I/O. LayoutMismatchError if it is no valid L2 file;
+        PoolInUseError if a running engine holds it."""
+        self = cls.__new__(cls)
+        self._fd = open_pool_file(path, "path", create=False)
+        self._dfd = -1
+        try:
+            lock_or_raise(self._fd, path, "Stop that engine first.")
+            found = Superblock.decode(os.pread(self._fd, PAGE, 0), L2_MAGIC)
+            self._setup(path, found)
+            if os.fstat(self._fd).st_size < self.size:
+                raise LayoutMismatchError(f"L2 file {path} is shorter than {self.size} bytes")
+        except BaseException:
+            self._close_fds()
+            raise
+        self._dfd = self._fd
+        self.direct = False
+        return self
+
+    def _setup(self, path: Path, want: Superblock) -> None:
+        self.path = path
+        self.rank = want.tp_rank
+        self.num_slots = want.num_slots
+        self.stride = want.stride
+        self.payload_bytes = want.payload_bytes
+        self.want = want
+        self.header_offset = want.header_offset
+        self.data_offset = want.data_offset
+        self.size = self.data_offset + self.num_slots * self.payload_bytes
+        self.wiped = False
 
     def _open_or_wipe(self, wipe: bool) -> None:
         st = os.fstat(self._fd)

@@ -18,8 +18,12 @@ promotion (and on open with verify_on_open), turns that into a miss.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 
 from ._codec import SlotHeader, decode_table, payload_checksum
 from ._config import StoreConfig
@@ -144,9 +148,23 @@ def check_l2(config: StoreConfig, fix: bool = False) -> RecoveryReport:
     """
     if config.l2 is None:
         raise ConfigError("check_l2 needs l2 to be configured")
-    files = [L2RankFile(config, r, wipe=False) for r in range(config.tp_size)]
-    try:
-        return recover(files, config.stride, verify=True, fix=fix)
-    finally:
-        for f in files:
-            f.close()
+    return _check([partial(L2RankFile, config, r, wipe=False) for r in range(config.tp_size)], fix)
+
+
+def check_l2_files(paths: Sequence[Path], fix: bool = False) -> RecoveryReport:
+    """check_l2 for the L2 files of one pool given by path (all its tp ranks, in rank
+    order), reading the geometry from their own superblocks."""
+    if not paths:
+        return RecoveryReport()
+    return _check([partial(L2RankFile.open_existing, Path(p)) for p in paths], fix)
+
+
+def _check(openers: Sequence[Callable[[], L2RankFile]], fix: bool) -> RecoveryReport:
+    """Open every rank file (closing those already open if a later one fails), verify."""
+    with contextlib.ExitStack() as stack:
+        files = []
+        for open_file in openers:
+            f = open_file()
+            stack.callback(f.close)
+            files.append(f)
+        return recover(files, files[0].stride, verify=True, fix=fix)

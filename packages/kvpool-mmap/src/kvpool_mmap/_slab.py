@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import mmap
 import os
+import stat
 from pathlib import Path
 
-from ._errors import InsufficientSpaceError
+from ._errors import ConfigError, InsufficientSpaceError
 
 log = logging.getLogger("kvpool_mmap")
 
@@ -42,24 +42,52 @@ def reserve(fd: int, size: int, path: Path, setting: str) -> None:
         os.ftruncate(fd, size)
 
 
-def create_fresh(path: Path, size: int, first_page: bytes, setting: str) -> None:
-    """Create `path` anew (reserved, superblock written) and rename it into place.
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
 
-    A reader never sees a half-initialised file: it is built under a temporary name.
-    An existing file at `path` is replaced; processes that still map it keep the old inode.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o600)
+
+def open_pool_file(path: Path, setting: str, *, create: bool) -> int:
+    """Open a pool file read/write, never through a symlink and only if it is a regular
+    file; ConfigError naming `setting` and the path otherwise (a FIFO, /dev/null, a file
+    that cannot be written, e.g. immutable)."""
     try:
-        reserve(fd, size, path, setting)
-        os.pwrite(fd, first_page, 0)
-        os.replace(tmp, path)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            what = _kind(st.st_mode)
+            if stat.S_ISLNK(st.st_mode):
+                what += f" to {os.readlink(path)}"
+            raise ConfigError(
+                f"{setting}: {path} is {what}, not a pool file; "
+                f"remove it or choose another {setting}"
+            )
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileNotFoundError:
         raise
-    os.close(fd)
+    except OSError as exc:
+        raise ConfigError(
+            f"{setting}: cannot open {path} for reading and writing: {exc.strerror}"
+        ) from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ConfigError(f"{setting}: {path} is {_kind(mode)}, not a pool file")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def read_page0(fd: int, size: int) -> bytes:

@@ -1,7 +1,11 @@
 """Crash test: a writer process is killed with SIGKILL at random points, then the pool is
 reopened and every block it returns is checked against what was written.
 
-    python -m kvpool_mmap.stress --iterations 500 --dir /var/tmp/kvstress [--spawn]
+    python -m kvpool_mmap.stress --iterations 500 --dir /var/tmp/kvstress [--spawn] [--corrupt]
+
+With --corrupt, an L2 rank file is also damaged after each kill (bit flips, a zeroed
+range, truncation; superblock, headers or payloads): the pool must still open and serve
+only correct bytes.
 
 Block contents are a pure function of (key, rank), so the checker knows what every
 recovered block must hold without talking to the writer. Exit status 1 on any failure.
@@ -91,6 +95,8 @@ class CheckResult:
     wrong: int = 0
     checksum_failures: int = 0
     discarded: int = 0
+    startup_kill: bool = False
+    damage: str = ""
     errors: list[str] = field(default_factory=list)
 
 
@@ -112,10 +118,13 @@ def check_pool(config: StoreConfig) -> CheckResult:
                 res.verified += 1
             store.end_load(ticket)
         res.checksum_failures = store.stats().checksum_failures
+    left = sorted(p.name for p in Path(config.l1.path).iterdir())
+    if left:  # the killed writer's L1 must have been reclaimed, ours removed on close
+        res.errors.append(f"files left in the L1 directory: {left}")
     return res
 
 
-def _spawn_writer(config: StoreConfig, seed: int) -> subprocess.Popen[bytes]:
+def _spawn_writer(config: StoreConfig, seed: int, wait: bool = True) -> subprocess.Popen[bytes]:
     spec = json.dumps(
         {
             **{k: v for k, v in asdict(config).items() if k not in ("l1", "l2", "fingerprint")},
@@ -131,6 +140,8 @@ def _spawn_writer(config: StoreConfig, seed: int) -> subprocess.Popen[bytes]:
         stdout=subprocess.PIPE,
     )
     assert proc.stdout is not None
+    if not wait:
+        return proc
     ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
     if not ready or proc.stdout.read(1) != b"r":
         proc.kill()
@@ -138,7 +149,7 @@ def _spawn_writer(config: StoreConfig, seed: int) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _fork_writer(config: StoreConfig, seed: int) -> int:
+def _fork_writer(config: StoreConfig, seed: int, wait: bool = True) -> int:
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: never returns
@@ -150,6 +161,9 @@ def _fork_writer(config: StoreConfig, seed: int) -> int:
             code = 3
         os._exit(code)
     os.close(w)
+    if not wait:
+        os.close(r)
+        return pid
     try:
         ready, _, _ = select.select([r], [], [], READY_TIMEOUT_S)
         if not ready or os.read(r, 1) != b"r":
@@ -161,29 +175,68 @@ def _fork_writer(config: StoreConfig, seed: int) -> int:
     return pid
 
 
-def crash_iteration(config: StoreConfig, rng: random.Random, spawn: bool = False) -> CheckResult:
-    """Start a writer, SIGKILL it after a random delay, reopen and check."""
+STARTUP_KILLS = 0.2
+"""Share of iterations that kill the writer while it may still be opening the store
+(creating L1, recovering L2) instead of after it reported ready."""
+
+
+DAMAGE = ("flip", "zero", "truncate")
+
+
+def damage_l2(config: StoreConfig, rng: random.Random) -> str:
+    """Damage one L2 rank file at random: flip bits, zero a range, or cut it short
+    (anywhere: superblock, header table or payloads). Returns what was done."""
+    path = config.l2_file(rng.randrange(config.tp_size))
+    size = path.stat().st_size
+    kind = rng.choice(DAMAGE)
+    start = rng.randrange(size)
+    length = min(size - start, rng.choice((1, 64, 4096, 65536)))
+    with open(path, "r+b") as f:
+        if kind == "truncate":
+            f.truncate(start)
+        else:
+            f.seek(start)
+            data = bytearray(f.read(length))
+            for i in range(len(data)):
+                data[i] = 0 if kind == "zero" else data[i] ^ (1 << rng.randrange(8))
+            f.seek(start)
+            f.write(data)
+    return f"{kind} {length} B at {start} of {path.name}"
+
+
+def crash_iteration(
+    config: StoreConfig, rng: random.Random, spawn: bool = False, corrupt: bool = False
+) -> CheckResult:
+    """Start a writer, SIGKILL it after a random delay, optionally damage L2, reopen and
+    check (with damage, checksum failures are expected; wrong bytes never are)."""
     delay = rng.uniform(0.005, 0.25)
+    wait = rng.random() >= STARTUP_KILLS
     if spawn:
-        proc = _spawn_writer(config, rng.randrange(1 << 30))
+        proc = _spawn_writer(config, rng.randrange(1 << 30), wait)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
     else:
-        pid = _fork_writer(config, rng.randrange(1 << 30))
+        pid = _fork_writer(config, rng.randrange(1 << 30), wait)
         time.sleep(delay)
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    return check_pool(config)
+    damage = damage_l2(config, rng) if corrupt else ""
+    result = check_pool(config)
+    result.startup_kill = not wait
+    result.damage = damage
+    return result
 
 
-def run(iterations: int, root: Path, seed: int = 0, spawn: bool = False) -> list[CheckResult]:
+def run(
+    iterations: int, root: Path, seed: int = 0, spawn: bool = False, corrupt: bool = False
+) -> list[CheckResult]:
     """`iterations` kill/reopen cycles on one pool directory."""
     config = stress_config(root)
     rng = random.Random(seed)
-    return [crash_iteration(config, rng, spawn) for _ in range(iterations)]
+    return [crash_iteration(config, rng, spawn, corrupt) for _ in range(iterations)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--spawn", action="store_true", help="separate interpreter per writer")
+    ap.add_argument("--corrupt", action="store_true", help="also damage an L2 file after each kill")
     ap.add_argument("--writer", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.writer:
@@ -201,15 +255,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         t0 = time.monotonic()
-        results = run(args.iterations, Path(tmp), args.seed, args.spawn)
-    bad = [r for r in results if r.wrong or r.checksum_failures or r.errors]
+        results = run(args.iterations, Path(tmp), args.seed, args.spawn, args.corrupt)
+    bad = [r for r in results if r.wrong or r.errors or (r.checksum_failures and not r.damage)]
     total = sum(r.verified for r in results)
     print(
-        f"{len(results)} kill -9 iterations in {time.monotonic() - t0:.1f}s: "
+        f"{len(results)} kill -9 iterations "
+        f"({sum(r.startup_kill for r in results)} during start-up) "
+        f"in {time.monotonic() - t0:.1f}s: "
         f"{total} recovered blocks verified, "
         f"{sum(r.discarded for r in results)} slots discarded at recovery, "
         f"{sum(r.wrong for r in results)} wrong, "
         f"{sum(r.checksum_failures for r in results)} checksum failures"
+        + (" (damaged payloads, caught)" if args.corrupt else "")
     )
     for r in bad[:10]:
         print("FAILED:", r)

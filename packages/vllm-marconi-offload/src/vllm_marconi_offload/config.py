@@ -6,10 +6,18 @@ silently fall back to a default). Errors name the key and the accepted values.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import kvpool_mmap
+from kvpool_mmap import DIRECT_IO_MODES, FSYNC_MODES, MAX_IO_THREADS, MAX_TIER_BYTES
+from pydantic import ByteSize, TypeAdapter, ValidationError
+
+from .log import logger
 
 EVICTION_POLICIES = ("marconi", "lru", "auto")
 REUSE_MODES = ("linear", "log", "none")
@@ -18,6 +26,11 @@ DEFAULT_CPU_BYTES = 8 << 30
 
 class ConfigError(ValueError):
     """A `kv_connector_extra_config` value is invalid; the message names the key."""
+
+
+POOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_BYTE_SIZE = TypeAdapter(ByteSize)
+_BARE_UNIT = re.compile(r"^\s*[0-9.]+\s*[kmgtpe]\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,11 @@ class OffloadConfig:
     # Prefill throughput (tokens/s) assumed until measured; see `l2_read_bytes_per_s`.
     prefill_tokens_per_s: float = 0.0
     pool_name: str | None = None
+    # kvpool-mmap's storage knobs (see its README).
+    l2_fsync: str = "batch"
+    direct_io: str = "auto"
+    io_threads: int = 4
+    verify_on_open: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -68,15 +86,15 @@ class OffloadConfig:
             )
         cpu_pool_path = _optional_path(extra, "cpu_pool_path")
         l2_pool_path = _optional_path(extra, "l2_pool_path")
-        l2_bytes = _int(extra, "l2_bytes_to_use", 0, minimum=0)
+        l2_bytes = _bytes(extra, "l2_bytes_to_use", 0, minimum=0)
         if l2_pool_path is None and l2_bytes:
             raise ConfigError("l2_bytes_to_use is set but l2_pool_path is not; set both or neither")
         if l2_pool_path is not None and not l2_bytes:
             raise ConfigError("l2_pool_path is set: l2_bytes_to_use must be a positive byte count")
         policy = _choice(extra, "eviction_policy", "marconi", EVICTION_POLICIES)
-        return cls(
+        config = cls(
             cpu_pool_path=cpu_pool_path,
-            cpu_bytes_to_use=_int(extra, "cpu_bytes_to_use", DEFAULT_CPU_BYTES, minimum=1),
+            cpu_bytes_to_use=_bytes(extra, "cpu_bytes_to_use", DEFAULT_CPU_BYTES, minimum=1),
             l2_pool_path=l2_pool_path,
             l2_bytes_to_use=l2_bytes,
             eviction_policy=policy,
@@ -86,9 +104,35 @@ class OffloadConfig:
             hit_log_interval=_int(extra, "hit_log_interval", 10, minimum=1),
             l2_read_bytes_per_s=_float(extra, "l2_read_bytes_per_s", 1.5e9, minimum=1.0),
             prefill_tokens_per_s=_float(extra, "prefill_tokens_per_s", 0.0, minimum=0.0),
-            pool_name=_optional_str(extra, "pool_name"),
+            pool_name=_pool_name(extra),
+            l2_fsync=_choice(extra, "l2_fsync", "batch", FSYNC_MODES),
+            direct_io=_choice(extra, "direct_io", "auto", DIRECT_IO_MODES),
+            io_threads=_int(extra, "io_threads", 4, minimum=1, maximum=MAX_IO_THREADS),
+            verify_on_open=_bool(extra, "verify_on_open", False),
             extra=extra,
         )
+        config.warn_ignored_keys()
+        return config
+
+    def ignored_keys(self) -> list[str]:
+        """Keys the user set that this configuration does not use."""
+        ignored = []
+        if not self.eviction_options:
+            ignored += [k for k in _MARCONI_KEYS if k in self.extra]
+        if not self.has_l2:
+            ignored += [k for k in _L2_KEYS if k in self.extra]
+        return ignored
+
+    def warn_ignored_keys(self) -> None:
+        """Log a warning for every key that has no effect here (a misunderstanding the
+        user should hear about, not an error)."""
+        for key in self.ignored_keys():
+            reason = (
+                f"eviction_policy={self.eviction_policy!r} takes no Marconi options"
+                if key in _MARCONI_KEYS
+                else "there is no L2 (l2_pool_path is not set)"
+            )
+            logger.warning("kv_connector_extra_config: %s is ignored: %s", key, reason)
 
 
 _KNOWN_KEYS = frozenset(
@@ -105,23 +149,93 @@ _KNOWN_KEYS = frozenset(
         "l2_read_bytes_per_s",
         "prefill_tokens_per_s",
         "pool_name",
+        "l2_fsync",
+        "direct_io",
+        "io_threads",
+        "verify_on_open",
     }
+)
+_MARCONI_KEYS = ("eviction_decay", "eviction_reuse_mode")
+_L2_KEYS = ("l2_fsync", "direct_io", "verify_on_open", "l2_read_bytes_per_s")
+
+# kvpool-mmap's names of the settings users give under the keys above.
+_KVPOOL_SETTING_KEYS = {
+    "l1.bytes_to_use": "cpu_bytes_to_use",
+    "l1.path": "cpu_pool_path",
+    "l2.bytes_to_use": "l2_bytes_to_use",
+    "l2.path": "l2_pool_path",
+    "engine_id": "pool_name",
+}
+_KVPOOL_SETTING = re.compile(
+    r"(?<![\w.])(" + "|".join(re.escape(k) for k in _KVPOOL_SETTING_KEYS) + r")(?![\w])"
 )
 
 
-def _int(extra: Mapping[str, Any], key: str, default: int, *, minimum: int) -> int:
+def in_user_terms(text: str) -> str:
+    """`text` with kvpool-mmap's setting names replaced by the user's keys."""
+    return _KVPOOL_SETTING.sub(lambda m: _KVPOOL_SETTING_KEYS[m.group(1)], text)
+
+
+@contextlib.contextmanager
+def user_keys() -> Iterator[None]:
+    """Re-raise kvpool-mmap errors (same type) with the user's key names in the message,
+    e.g. `cpu_bytes_to_use` where kvpool-mmap says `l1.bytes_to_use`."""
+    try:
+        yield
+    except kvpool_mmap.KvPoolError as exc:
+        message = in_user_terms(
+            exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        )
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise type(exc)(exc.errno, message) from exc
+        raise type(exc)(message) from exc
+
+
+def _int(
+    extra: Mapping[str, Any], key: str, default: int, *, minimum: int, maximum: int | None = None
+) -> int:
     value = extra.get(key, default)
+    bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+    wrong = ConfigError(f"{key} must be an integer {bound}, got {value!r}")
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")
+        raise wrong
     try:
         number = int(value)
-    except ValueError:
-        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}") from None
+    except (ValueError, OverflowError):  # "x", NaN, inf
+        raise wrong from None
     if isinstance(value, float) and number != value:
-        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")
-    if number < minimum:
-        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")
+        raise wrong
+    if number < minimum or (maximum is not None and number > maximum):
+        raise wrong
     return number
+
+
+def _bytes(extra: Mapping[str, Any], key: str, default: int, *, minimum: int) -> int:
+    """A byte count: an integer, or a size string such as "8GiB" (2^30 units) or "8GB"
+    (10^9 units), at most MAX_TIER_BYTES."""
+    value = extra.get(key, default)
+    accepted = (
+        f"{key} must be a byte count in [{minimum}, 2^60] such as 8GiB, 512MiB, 8GB or "
+        f"8589934592, got {value!r}"
+    )
+    if isinstance(value, str) and not value.strip().isdigit():
+        if _BARE_UNIT.match(value):
+            raise ConfigError(f"{accepted}: write GiB (2^30) or GB (10^9), not a bare unit")
+        try:
+            value = int(_BYTE_SIZE.validate_python(value))
+        except ValidationError:
+            raise ConfigError(accepted) from None
+    try:
+        return _int({key: value}, key, default, minimum=minimum, maximum=MAX_TIER_BYTES)
+    except ConfigError:
+        raise ConfigError(accepted) from None
+
+
+def _bool(extra: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = extra.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    return value
 
 
 def _float(extra: Mapping[str, Any], key: str, default: float, *, minimum: float) -> float:
@@ -144,17 +258,23 @@ def _choice(extra: Mapping[str, Any], key: str, default: str, accepted: tuple[st
     return str(value)
 
 
-def _optional_str(extra: Mapping[str, Any], key: str) -> str | None:
+def _optional_path(extra: Mapping[str, Any], key: str) -> str | None:
     value = extra.get(key)
     if value is None:
         return None
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{key} must be a non-empty string, got {value!r}")
-    return value
+    try:
+        return kvpool_mmap.check_pool_path(value, key)
+    except kvpool_mmap.ConfigError as exc:
+        raise ConfigError(str(exc)) from None
 
 
-def _optional_path(extra: Mapping[str, Any], key: str) -> str | None:
-    value = _optional_str(extra, key)
-    if value is not None and "\x00" in value:
-        raise ConfigError(f"{key} must be a directory path, got {value!r}")
+def _pool_name(extra: Mapping[str, Any]) -> str | None:
+    value = extra.get("pool_name")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not POOL_NAME.match(value):
+        raise ConfigError(
+            f"pool_name must be 1-64 characters of A-Z a-z 0-9 _ . - (it names the pool "
+            f"files as it is), got {value!r}"
+        )
     return value

@@ -12,16 +12,18 @@ import hashlib
 import os
 import re
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from kvpool_mmap import StoreConfig, TierConfig
+from kvpool_mmap import StoreConfig, TierConfig, remove_stale_l1
 from vllm_kv_identity import weights_fingerprint
 
-from .config import OffloadConfig
+from .config import OffloadConfig, user_keys
 from .layout import LayoutError, SlotLayout
 
 ANONYMOUS_L1_ROOT = "/dev/shm"
+ANONYMOUS_L1_PREFIX = "vllm-marconi-offload-"
 
 
 def layout_fingerprint(vllm_config: Any, layout: SlotLayout, block_size: int) -> bytes:
@@ -49,16 +51,35 @@ def layout_fingerprint(vllm_config: Any, layout: SlotLayout, block_size: int) ->
 def engine_name(vllm_config: Any, config: OffloadConfig, fingerprint: bytes) -> str:
     """A name for this engine's files that is stable across restarts (unlike engine_id)."""
     if config.pool_name is not None:
-        return _slug(config.pool_name)
+        return config.pool_name  # validated: used as it is, so distinct names never collide
     model = Path(str(vllm_config.model_config.model)).name or "model"
     return f"{_slug(model)[:40]}-{fingerprint.hex()[:12]}"
 
 
+def _anonymous_root() -> Path:
+    return Path(ANONYMOUS_L1_ROOT if os.path.isdir(ANONYMOUS_L1_ROOT) else tempfile.gettempdir())
+
+
 def anonymous_l1_dir(vllm_config: Any) -> str:
     """Per-engine-instance tmpfs directory used when `cpu_pool_path` is not set."""
-    root = ANONYMOUS_L1_ROOT if os.path.isdir(ANONYMOUS_L1_ROOT) else tempfile.gettempdir()
     engine_id = _slug(str(vllm_config.kv_transfer_config.engine_id))
-    return os.path.join(root, f"vllm-marconi-offload-{engine_id}")
+    return str(_anonymous_root() / f"{ANONYMOUS_L1_PREFIX}{engine_id}")
+
+
+def reclaim_anonymous_l1(store_config: StoreConfig) -> None:
+    """Before an anonymous L1 is created: remove the L1 files of anonymous pools whose
+    engine died before their names were removed, and their directories once empty and
+    older than a minute (a younger empty one may be an engine starting up)."""
+    mine = Path(store_config.l1.path)
+    if mine.parent != _anonymous_root() or not mine.name.startswith(ANONYMOUS_L1_PREFIX):
+        return
+    for folder in mine.parent.glob(f"{ANONYMOUS_L1_PREFIX}*"):
+        if folder == mine or not folder.is_dir() or folder.is_symlink():
+            continue
+        with contextlib.suppress(OSError):
+            remove_stale_l1(folder)
+            if time.time() - folder.stat().st_mtime > 60:
+                folder.rmdir()  # fails unless empty
 
 
 def unlink_anonymous_l1(store_config: StoreConfig) -> None:
@@ -86,19 +107,24 @@ def build_store_config(
         if config.l2_pool_path is not None
         else None
     )
-    return StoreConfig(
-        stride=layout.stride,
-        engine_id=engine_name(vllm_config, config, fingerprint),
-        fingerprint=fingerprint,
-        l1=TierConfig(path=l1_path, bytes_to_use=config.cpu_bytes_to_use),
-        l2=l2,
-        dp_size=int(parallel.data_parallel_size),
-        tp_size=int(parallel.tensor_parallel_size),
-        dp_rank=int(getattr(parallel, "data_parallel_rank", 0) or 0),
-        eviction_policy=config.eviction_policy,
-        eviction_options=config.eviction_options,
-        admission_threshold=config.admission_threshold,
-    )
+    with user_keys():  # kvpool-mmap's messages, in the user's key names
+        return StoreConfig(
+            stride=layout.stride,
+            engine_id=engine_name(vllm_config, config, fingerprint),
+            fingerprint=fingerprint,
+            l1=TierConfig(path=l1_path, bytes_to_use=config.cpu_bytes_to_use),
+            l2=l2,
+            dp_size=int(parallel.data_parallel_size),
+            tp_size=int(parallel.tensor_parallel_size),
+            dp_rank=int(getattr(parallel, "data_parallel_rank", 0) or 0),
+            eviction_policy=config.eviction_policy,
+            eviction_options=config.eviction_options,
+            admission_threshold=config.admission_threshold,
+            l2_fsync=config.l2_fsync,  # type: ignore[arg-type]  # validated against FSYNC_MODES
+            direct_io=config.direct_io,  # type: ignore[arg-type]  # and DIRECT_IO_MODES
+            io_threads=config.io_threads,
+            verify_on_open=config.verify_on_open,
+        )
 
 
 def _slug(text: str) -> str:
@@ -128,7 +154,8 @@ def with_physical_layout(store_config: StoreConfig, physical: str) -> StoreConfi
 
 
 def publish_physical_layout(store_config: StoreConfig, rank: int, physical: str) -> StoreConfig:
-    """Worker side: write what this rank saw (atomically); return the config to open L1 with."""
+    """Worker side, once its L1 file is created (and so locked): write what this rank saw
+    (atomically); return the config L1 is opened with (`with_physical_layout`)."""
     path = physical_layout_file(store_config, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")

@@ -26,12 +26,17 @@ import torch
 from kvpool_mmap import StoreConfig, open_l1_rank
 
 from .block_copy import BlockCopier, physical_layout
-from .config import ConfigError
+from .config import ConfigError, user_keys
 from .cuda_mover import CudaBlockMover, staging_bytes_from_env
 from .layout import SlotLayout
 from .log import logger
 from .metadata import OffloadMetadata, TransferJob, WorkerReport
-from .pool import publish_physical_layout
+from .pool import (
+    physical_layout_file,
+    publish_physical_layout,
+    reclaim_anonymous_l1,
+    with_physical_layout,
+)
 
 COPY_ENV = "VLLM_MARCONI_OFFLOAD_COPY"
 COPY_MODES = ("async", "direct", "async-per-layer", "generic")
@@ -72,10 +77,13 @@ class OffloadWorker:
         """Map the KV cache tensors and create this rank's L1 file."""
         mode = copy_mode_from_env()
         self._copier = BlockCopier(self._layout, kv_caches)
-        store_config = publish_physical_layout(
-            self._store_config, self._rank, physical_layout(self._layout, kv_caches)
-        )
-        l1 = open_l1_rank(store_config, rank=self._rank, create=True)
+        physical = physical_layout(self._layout, kv_caches)
+        reclaim_anonymous_l1(self._store_config)
+        with user_keys():  # locks the pool before anything is written
+            l1 = open_l1_rank(
+                with_physical_layout(self._store_config, physical), rank=self._rank, create=True
+            )
+        publish_physical_layout(self._store_config, self._rank, physical)
         first = next(iter(kv_caches.values()))
         registered = bool(first.is_cuda and l1.register_cuda())
         self._l1 = l1
@@ -188,10 +196,13 @@ class OffloadWorker:
             self._mover.synchronize()
 
     def shutdown(self) -> None:
+        """Finish transfers; remove this rank's L1 file and layout note (L1 is scratch:
+        nothing in it is usable without the scheduler's index)."""
         self.drain()
         close = getattr(self._l1, "close", None)
         if close is not None:
             close()
+            physical_layout_file(self._store_config, self._rank).unlink(missing_ok=True)
 
 
 def _by_group(jobs: list[TransferJob]) -> dict[int, tuple[list[int], list[int], list[int]]]:

@@ -1,0 +1,56 @@
+"""Validate `kv_connector_extra_config` in the process the user started, before vLLM
+starts the engine core and its workers.
+
+vLLM builds the connector only inside the engine core and the workers, after they have
+started (tens of seconds), and a bad key there surfaces as several worker and engine-core
+tracebacks. vLLM has no hook that sees the finished configuration earlier, so the plugin
+wraps `EngineArgs.create_engine_config`, the public method that every entry point
+(`vllm serve`, the OpenAI server, `LLM(...)`, `AsyncLLM`) calls to build it: a bad key
+then stops the program there, once, with our message.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from .config import OffloadConfig
+
+CONNECTOR_NAME = "MarconiOffloadConnector"
+_WRAPPED = "_marconi_offload_checks_config"
+
+
+def uses_this_connector(kv_transfer_config: Any) -> bool:
+    """True if `kv_transfer_config` selects this connector (by name or module path)."""
+    if kv_transfer_config is None:
+        return False
+    module = getattr(kv_transfer_config, "kv_connector_module_path", None) or ""
+    return bool(
+        getattr(kv_transfer_config, "kv_connector", None) == CONNECTOR_NAME
+        or module.split(".")[0] == "vllm_marconi_offload"
+    )
+
+
+def check_vllm_config(vllm_config: Any) -> None:
+    """ConfigError if this connector is selected with a bad `kv_connector_extra_config`."""
+    kv_transfer_config: Any = getattr(vllm_config, "kv_transfer_config", None)
+    if uses_this_connector(kv_transfer_config):
+        OffloadConfig.from_extra_config(kv_transfer_config.kv_connector_extra_config)
+
+
+def install() -> None:
+    """Make `EngineArgs.create_engine_config` check our config (idempotent)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    original = EngineArgs.create_engine_config
+    if getattr(original, _WRAPPED, False):
+        return
+
+    @functools.wraps(original)
+    def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        vllm_config = original(self, *args, **kwargs)
+        check_vllm_config(vllm_config)
+        return vllm_config
+
+    setattr(create_engine_config, _WRAPPED, True)
+    EngineArgs.create_engine_config = create_engine_config  # type: ignore[method-assign]
