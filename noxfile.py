@@ -130,6 +130,18 @@ def stress_kvpool(session: nox.Session) -> None:
     session.run("python", "-m", "kvpool_mmap.stress", "--spawn", "--iterations", "100")
 
 
+@nox.session(name="fuzz-memkv")
+def fuzz_memkv(session: nox.Session) -> None:
+    """memkv-client hostile-client suite at full scale (raw frames, replays, floods,
+    slowloris, fd exhaustion under ulimit -n 256, RSS under value floods); prints figures.
+
+    A short version of the same file runs in CI inside the memkv-client unit tests."""
+    install_package(session, "memkv-client")
+    tests = PACKAGES["memkv-client"] / "tests"
+    env = {"MEMKV_HOSTILE_SCALE": "full"}
+    session.run("pytest", "-s", "-q", str(tests / "test_hostile.py"), *session.posargs, env=env)
+
+
 @nox.session(name="bench-memkv")
 def bench_memkv(session: nox.Session) -> None:
     """memkv-client: batch put/get of 1 MiB and 16 MiB values vs iperf3 on 127.0.0.1."""

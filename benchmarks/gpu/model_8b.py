@@ -20,6 +20,9 @@ VOCAB = 32000
 # scheduler ticks) then mistakes the missing name for a re-created file and turns
 # offloading off (seen on the H200, docs/benchmarks.md).
 L1_DIR = "/dev/shm/marconi-bench-l1"
+# `GPU_BENCH_L1_OVERFLOW=demote` runs ours with the seed's full-L1 behaviour (the
+# connector's `l1_overflow` key; default: the connector's default, "drop_unwritten").
+L1_OVERFLOW = os.environ.get("GPU_BENCH_L1_OVERFLOW")
 
 CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -118,7 +121,7 @@ def kv_transfer(
             kv_connector="MarconiOffloadConnector",
             kv_connector_module_path="vllm_marconi_offload",
             kv_role="kv_both",
-            kv_connector_extra_config=extra,
+            kv_connector_extra_config={**extra, **overflow_key()},
         )
     if mode in ("native", "simple"):
         name = "OffloadingConnector" if mode == "native" else "SimpleCPUOffloadConnector"
@@ -128,3 +131,8 @@ def kv_transfer(
             kv_connector_extra_config={"cpu_bytes_to_use": cpu_bytes},
         )
     return None
+
+
+def overflow_key() -> dict[str, str]:
+    """Ours' `l1_overflow` setting from GPU_BENCH_L1_OVERFLOW, if that is set."""
+    return {"l1_overflow": L1_OVERFLOW} if L1_OVERFLOW else {}

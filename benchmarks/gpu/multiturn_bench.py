@@ -57,6 +57,7 @@ def main() -> None:
         "context": context,
         "startup_s": round(time.time() - start, 1),
         "eager": model_8b.EAGER,
+        "l1_overflow": model_8b.L1_OVERFLOW,
     }
     rng = random.Random(0)
     history = [[rng.randrange(3, model_8b.VOCAB) for _ in range(context)] for _ in range(sessions)]

@@ -6,6 +6,7 @@ import multiprocessing as mp
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -22,6 +23,7 @@ from kvpool_mmap import (
     TieredStore,
     open_l1_rank,
 )
+from kvpool_mmap._io import BlockMover
 
 STRIDE = 4096
 
@@ -150,3 +152,16 @@ def holders() -> Iterator[list[Holder]]:
     for h in started:
         if h.process.is_alive():
             h.kill()
+
+
+def hold_l2_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Make every L2 write wait (at most 10 s) on its I/O thread until the returned gate is set."""
+    gate = threading.Event()
+    write = BlockMover.write_block
+
+    def held(self: BlockMover, *args: object) -> list[int]:
+        gate.wait(10)
+        return write(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BlockMover, "write_block", held)
+    return gate

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MakeConfig, block, key
+from conftest import MakeConfig, block, hold_l2_writes, key
 from kvpool_mmap import (
     LoadStatus,
     PoolInUseError,
@@ -328,12 +328,18 @@ def test_cancelled_load_releases_everything(
     assert_blocks(s, [0, 1, 2, 3])
 
 
+@pytest.mark.parametrize("overflow", ["drop_unwritten", "demote"])
 @pytest.mark.parametrize("seed", range(12))
 def test_randomised_workload_keeps_invariants(
-    make_config: MakeConfig, store_factory: Factory, monkeypatch: pytest.MonkeyPatch, seed: int
+    make_config: MakeConfig,
+    store_factory: Factory,
+    monkeypatch: pytest.MonkeyPatch,
+    seed: int,
+    overflow: str,
 ) -> None:
     """Random stores, loads held open, waited for or cancelled, on small tiers, with every
-    L2 transfer delayed by a random 0-2 ms so that completions interleave differently."""
+    L2 transfer delayed by a random 0-2 ms so that completions interleave differently,
+    under both answers to a full L1 (`l1_overflow`)."""
     delays = random.Random(seed)
     write, read = BlockMover.write_block, BlockMover.read_block
 
@@ -354,6 +360,8 @@ def test_randomised_workload_keeps_invariants(
         tp_size=2,
         write_through_queue=int(rng.integers(1, 6)),
         io_threads=int(rng.integers(1, 4)),
+        max_inflight_io=int(rng.integers(1, 4)),
+        l1_overflow=overflow,
     )
     s = store_factory(cfg)
     open_loads = []
@@ -432,17 +440,22 @@ def test_check_l2_reports_without_fixing(make_config: MakeConfig) -> None:
 
 
 def test_load_during_demotion_reads_the_right_bytes(
-    make_config: MakeConfig, store_factory: Factory
+    make_config: MakeConfig, store_factory: Factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Hazard H7: a block demoted and loaded in the same step must never be read from an
     L2 slot whose write has not completed. Here the load is served from the L1 copy,
-    which stays pinned until end_load even though its demotion finishes meanwhile."""
-    s = store_factory(make_config(l1_slots=2, l2_slots=8, write_through=False, io_threads=1))
+    which stays pinned until end_load even though its demotion finishes meanwhile. The
+    demotions are held until the load has begun (else a fast disk may finish them first)."""
+    s = store_factory(
+        make_config(l1_slots=2, l2_slots=8, write_through=False, io_threads=1, l1_overflow="demote")
+    )
     put_chain(s, [0, 1])
+    demotions = hold_l2_writes(monkeypatch)
     t = s.begin_store([key(5), key(6)])  # evicts 0 and 1: demotions start, no slot yet
     assert t.l1_slots == [None, None]
-    load = s.begin_load([key(0), key(1)])  # right away, same "step"
+    load = s.begin_load([key(0), key(1)])  # same "step": the demotions are still running
     assert load.tiers == [Tier.L1, Tier.L1]
+    demotions.set()
     settle(s)  # demotions land; the pinned L1 copies must survive
     for i, slot in zip((0, 1), load.l1_slots, strict=True):
         np.testing.assert_array_equal(s.l1_files[0].array[slot], block(i)[0])
@@ -493,14 +506,7 @@ def l1_full_of_hanging_writes(
     s = store_factory(make_config(l1_slots=4, l2_slots=32, io_threads=1))
     put_chain(s, [0, 1, 2, 3])
     settle(s)
-    gate = threading.Event()
-    write = BlockMover.write_block
-
-    def gated(self: BlockMover, *args: object) -> list[int]:
-        gate.wait(10)
-        return write(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(BlockMover, "write_block", gated)
+    gate = hold_l2_writes(monkeypatch)
     assert put_chain(s, [4, 5, 6, 7]) == 4
     return s, gate
 

@@ -28,8 +28,11 @@ def free_port() -> int:
 class ServerProcess:
     """A `python -m memkv_client.server` child process; always on 127.0.0.1."""
 
-    def __init__(self, *args: str, port: int = 0, key_hex: str = KEY_HEX) -> None:
+    def __init__(
+        self, *args: str, port: int = 0, key_hex: str = KEY_HEX, prefault: bool = False
+    ) -> None:
         self.args = list(args)
+        self.prefault = prefault
         self.port = port or free_port()
         self.key_hex = key_hex
         self.proc: subprocess.Popen[str] | None = None
@@ -43,7 +46,7 @@ class ServerProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MEMKV_")}
         env["MEMKV_AUTH_KEY"] = self.key_hex
         cmd = [sys.executable, "-m", "memkv_client.server", "--listen", self.address]
-        cmd += ["--no-prefault", *self.args]
+        cmd += [*([] if self.prefault else ["--no-prefault"]), *self.args]
         # Output goes to a file, not a pipe: a chatty server must never block on a full pipe.
         self.log = tempfile.NamedTemporaryFile("w+", prefix="memkv-", suffix=".log")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
@@ -114,10 +117,11 @@ def make_client(*servers: str, **overrides: object) -> Client:
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for name in list(os.environ):
         if name.startswith("MEMKV_"):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("MEMKV_AUTH_KEY_FILE", str(tmp_path / "auth.key"))  # not the user's
 
 
 @pytest.fixture(scope="module")

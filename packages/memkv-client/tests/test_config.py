@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from memkv_client import Client, ConfigError, RdmaUnavailableError, Transport, load_config
-from memkv_client.auth import dev_key
+from memkv_client.auth import user_key, user_key_path
 
 
 def test_defaults_match_the_vendor_table() -> None:
@@ -94,10 +94,28 @@ def test_client_overrides_and_key_rules() -> None:
         Client(bogus=1)
     with pytest.raises(ConfigError, match="auth_key"):
         Client(servers=["10.1.2.3:9900"], transport="tcp")  # no key off loopback
-    with Client(servers=["127.0.0.1:9"], transport="tcp") as c:  # dev key on loopback
+    with Client(servers=["127.0.0.1:9"], transport="tcp") as c:  # the user key on loopback
         assert c._signer.sign(b"h", b"m") != b""
-    assert len(dev_key("/home/a")) == 32
-    assert dev_key("/home/a") != dev_key("/home/b")
+    with pytest.raises(ConfigError, match="all-zero"):
+        Client(servers=["127.0.0.1:9"], auth_key="00" * 32)
+    with pytest.raises(ConfigError, match="64 hex digits"):
+        Client(servers=["127.0.0.1:9"], auth_key="ab" * 16)  # too short
+
+
+def test_user_key_file_is_random_private_and_shared(tmp_path: Path) -> None:
+    """Without a key, loopback peers use a random per-user key file (not derivable from
+    $HOME), created mode 0600; a file others can read is refused."""
+    a = user_key(tmp_path / "a" / "auth.key")
+    b = user_key(tmp_path / "b" / "auth.key")
+    assert a != b
+    assert user_key(tmp_path / "a" / "auth.key") == a  # the second user reads the same key
+    assert (tmp_path / "a" / "auth.key").stat().st_mode & 0o777 == 0o600
+    (tmp_path / "a" / "auth.key").chmod(0o644)
+    with pytest.raises(ValueError, match="0600"):
+        user_key(tmp_path / "a" / "auth.key")
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    assert user_key_path(env) == tmp_path / "xdg" / "memkv" / "auth.key"
+    assert user_key_path({**env, "MEMKV_AUTH_KEY_FILE": "/k"}) == Path("/k")
 
 
 def test_transport_auto_falls_back_with_one_info_line(caplog: pytest.LogCaptureFixture) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -9,9 +10,11 @@ import time
 
 import pytest
 from conftest import KEY, ServerProcess, make_client, wait_until
-from memkv_client import BadMacError, ResultKind
+from memkv_client import BadMacError, RemoteProtocolError, ResultKind
 from memkv_client import protocol as p
-from memkv_client.auth import Signer
+from memkv_client.auth import Signer, value_digest
+from memkv_client.errors import UnsupportedVersionError
+from rawclient import RawSession, assert_status, frame, read_frame
 
 
 def _rx_queued(port: int) -> bool:
@@ -101,67 +104,149 @@ def test_wrong_auth_key_is_rejected(server: ServerProcess) -> None:
         assert good.exists(["auth/x"]) == [False]
 
 
-def _frame(signer: Signer, op: p.Op, meta: bytes, ts: int | None = None, rid: int = 7) -> bytes:
-    ts = time.time_ns() if ts is None else ts
-    header = p.Header(p.VERSION, op, 0, 0, rid, ts, len(meta), 0).pack()
-    return header + signer.sign(header, meta) + meta
-
-
 def _exchange(address: str, data: bytes) -> p.Frame | None:
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as s:
         s.sendall(data)
         s.shutdown(socket.SHUT_WR)
-        buf = b""
-        while chunk := s.recv(65536):
-            buf += chunk
-    dec = p.FrameDecoder()
-    dec.feed(buf)
-    return dec.next_frame()
+        return read_frame(s)
 
 
-def test_replayed_request_is_rejected(server: ServerProcess) -> None:
-    frame = _frame(Signer(KEY), p.Op.EXISTS, p.encode_keys([b"replay/k"]))
-    first = _exchange(server.address, frame)
-    assert first is not None
-    assert first.header.status == p.Status.OK
-    again = _exchange(server.address, frame)
-    assert again is not None
-    assert again.header.status == p.Status.REPLAY
-    assert b"already seen" in again.meta
+def test_request_replayed_on_the_same_connection_is_rejected(server: ServerProcess) -> None:
+    with RawSession(server.port, KEY) as s:
+        assert_status(s.request(p.Op.EXISTS, p.encode_keys([b"replay/k"])), p.Status.OK)
+        s.sock.sendall(s.sent[-1])
+        assert_status(read_frame(s.sock), p.Status.REPLAY, b"out of sequence")
+
+
+def test_captured_put_with_swapped_value_is_never_stored(fresh_server: ServerProcess) -> None:
+    """The issue's attack: a PUT of ``balance=100`` captured, its value swapped to
+    ``balance=999``, replayed on a new connection, to a second server holding the same
+    key, and after a restart (altering bytes in flight: the next test)."""
+    srv = fresh_server
+    victim = RawSession(srv.port, KEY)
+    captured_hello = frame(Signer(KEY), p.Op.HELLO, p.encode_hello(b"n" * 16), 5)
+    reply = victim.put(b"acct/1", b"balance=100")
+    assert reply is not None
+    assert p.decode_flags(reply.meta, 1) == [p.Status.OK]
+    swapped = victim.sent[-1].replace(b"balance=100", b"balance=999")
+
+    def replay_elsewhere(port: int) -> p.Frame | None:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(captured_hello)  # a replayed HELLO gets a fresh connection nonce
+            assert read_frame(s) is not None
+            s.sendall(swapped)
+            return read_frame(s)
+
+    verdict = replay_elsewhere(srv.port)
+    assert verdict is not None
+    assert verdict.header.status == p.Status.BAD_MAC
+    other = ServerProcess("--memory", "16MiB").start()
+    try:
+        verdict = replay_elsewhere(other.port)
+        assert verdict is not None
+        assert verdict.header.status == p.Status.BAD_MAC
+    finally:
+        other.stop()
+    victim.close()
+    with make_client(srv.address) as c:
+        assert c.get("acct/1") == b"balance=100"
+    srv.terminate()
+    srv.start()
+    verdict = replay_elsewhere(srv.port)
+    assert verdict is not None
+    assert verdict.header.status == p.Status.BAD_MAC
+
+
+def test_altered_value_bytes_fail_the_item(server: ServerProcess) -> None:
+    with RawSession(server.port, KEY) as s:
+        meta = p.encode_put_items([(b"dig/k", 11, value_digest([b"balance=100"]))])
+        reply = s.request(p.Op.PUT, meta, b"balance=999")
+        assert_status(reply, p.Status.OK)
+        assert reply is not None
+        assert p.decode_flags(reply.meta, 1) == [p.Status.BAD_MAC]
+    with make_client(server.address) as c:
+        assert c.get("dig/k") is None
+
+
+def test_replies_recorded_on_another_connection_are_refused(server: ServerProcess) -> None:
+    """A proxy that records the server's replies on one connection and plays them back
+    to the next client: the old HELLO reply does not verify, so nothing is believed."""
+    from conftest import free_port
+
+    with make_client(server.address) as c:
+        c.put("fresh/k", b"v")
+    recorded = bytearray()
+    listener = socket.create_server(("127.0.0.1", free_port()))
+    port = listener.getsockname()[1]
+
+    def proxy() -> None:
+        a, _ = listener.accept()
+        with a, socket.create_connection(("127.0.0.1", server.port)) as b:
+            for _ in range(2):  # HELLO and EXISTS: forward, record the replies
+                req = a.recv(65536)
+                b.sendall(req)
+                rep = read_frame(b)
+                assert rep is not None
+                data = rep.header.pack() + rep.mac + rep.meta
+                recorded.extend(data)
+                a.sendall(data)
+        a, _ = listener.accept()
+        with a, contextlib.suppress(OSError):
+            a.recv(65536)
+            a.sendall(bytes(recorded))  # the old HELLO reply, then the old EXISTS reply
+            a.recv(65536)
+
+    th = threading.Thread(target=proxy, daemon=True)
+    th.start()
+    with make_client(f"127.0.0.1:{port}", num_connections=1) as c:
+        assert c.exists_on(0, ["fresh/k"]) == [True]
+    with (
+        make_client(f"127.0.0.1:{port}", num_connections=1) as c,
+        pytest.raises(RemoteProtocolError, match="MAC"),
+    ):
+        c.exists_on(0, ["fresh/k"])
+    th.join(10)
+    listener.close()
 
 
 def test_clock_drift_is_rejected(server: ServerProcess) -> None:
     old = time.time_ns() - 3600 * 10**9
-    reply = _exchange(server.address, _frame(Signer(KEY), p.Op.EXISTS, p.encode_keys([b"k"]), old))
-    assert reply is not None
-    assert reply.header.status == p.Status.CLOCK_DRIFT
-    assert b"skew" in reply.meta
+    with RawSession(server.port, KEY) as s:
+        reply = s.request(p.Op.EXISTS, p.encode_keys([b"k"]), ts=old)
+        assert_status(reply, p.Status.CLOCK_DRIFT, b"skew")
+
+
+def test_stats_with_trailing_metadata_is_refused(server: ServerProcess) -> None:
+    with RawSession(server.port, KEY) as s:
+        assert_status(s.request(p.Op.STATS, b"junk"), p.Status.INVALID_REQUEST)
 
 
 def test_replies_are_signed_by_the_server(server: ServerProcess) -> None:
-    signer = Signer(KEY)
-    reply = _exchange(server.address, _frame(signer, p.Op.HELLO, p.encode_hello()))
-    assert reply is not None
-    assert signer.verify(reply.header.pack(), reply.meta, reply.mac)
-    assert not Signer(b"\x22" * 32).verify(reply.header.pack(), reply.meta, reply.mac)
+    with RawSession(server.port, KEY) as s:  # checks the HELLO reply with the nonce-bound key
+        reply = s.request(p.Op.EXISTS, p.encode_keys([b"k"]))
+        assert_status(reply, p.Status.OK)
+        assert reply is not None
+        assert s.verified(reply)
+        assert not Signer(KEY).verify(reply.header.pack(), reply.meta, reply.mac)
 
 
 def test_version_negotiation(server: ServerProcess) -> None:
     signer = Signer(KEY)
-    reply = _exchange(server.address, _frame(signer, p.Op.HELLO, p.encode_hello(1, 3)))
+    nonce = b"x" * 16
+    reply = _exchange(server.address, frame(signer, p.Op.HELLO, p.encode_hello(nonce, 2, 3), 1))
     assert reply is not None
     assert reply.header.status == p.Status.OK
-    assert p.decode_hello_reply(reply.meta).version == 1
-    reply = _exchange(server.address, _frame(signer, p.Op.HELLO, p.encode_hello(2, 3)))
+    assert p.decode_hello_reply(reply.meta).version == 2
+    reply = _exchange(server.address, frame(signer, p.Op.HELLO, p.encode_hello(nonce, 3, 4), 1))
     assert reply is not None
     assert reply.header.status == p.Status.UNSUPPORTED_VERSION
-    assert b"server 1..1" in reply.meta
-    meta = p.encode_keys([b"k"])
-    header = p.Header(2, p.Op.EXISTS, 0, 0, 1, time.time_ns(), len(meta), 0).pack()
-    reply = _exchange(server.address, header + signer.sign(header, meta) + meta)
+    assert b"server 2..2" in reply.meta
+    v1_hello = frame(signer, p.Op.HELLO, b"\x01\x01", 1, version=1)  # a version-1 client
+    reply = _exchange(server.address, v1_hello)
     assert reply is not None
     assert reply.header.status == p.Status.UNSUPPORTED_VERSION
+    assert b"speaks 2..2" in reply.meta
 
 
 def test_down_server_warns_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -253,3 +338,56 @@ def test_reset_between_connect_and_hello_is_a_transport_result(
         (r,) = c.batch_put_views([("rst/x", b"v", 1)])
         assert r.kind is ResultKind.TRANSPORT
         assert address in r.cause
+
+
+def test_a_hung_member_costs_one_request_timeout_then_fails_fast(
+    fresh_server: ServerProcess,
+) -> None:
+    """A SIGSTOPped member of two: the first batch waits one request timeout (default
+    5 s) for its items, later batches fail them at once; the live member's items succeed."""
+    live = ServerProcess("--memory", "64MiB").start()
+    try:
+        with make_client(fresh_server.address, live.address, request_timeout_ms=None) as c:
+            keys = [f"hung/{i}" for i in range(32)]
+            assert c.exists(keys) == [False] * 32  # connections to both are pooled
+            fresh_server.freeze()
+            try:
+                elapsed = []
+                for _ in range(3):
+                    t0 = time.monotonic()
+                    results = c.batch_put_views([(k, b"v", 1) for k in keys])
+                    elapsed.append(time.monotonic() - t0)
+                kinds = {r.kind for r in results}
+                assert kinds == {ResultKind.OK, ResultKind.TRANSPORT}
+            finally:
+                fresh_server.thaw()
+        assert elapsed[0] < 8, elapsed
+        assert max(elapsed[1:]) < 1, elapsed
+    finally:
+        live.stop()
+
+
+def test_a_version_1_server_is_named_as_such() -> None:
+    """A server that answers every version-2 frame like a version-1 server would."""
+    from conftest import free_port
+
+    listener = socket.create_server(("127.0.0.1", free_port()))
+
+    def old_server() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            msg = b"unsupported version 2"
+            header = p.Header(1, 0, p.Status.UNSUPPORTED_VERSION, p.FLAG_RESPONSE, 0, 0,
+                              len(msg), 0).pack()  # fmt: skip
+            conn.sendall(header + Signer(KEY).sign(header, msg) + msg)
+
+    th = threading.Thread(target=old_server, daemon=True)
+    th.start()
+    with (
+        make_client(f"127.0.0.1:{listener.getsockname()[1]}") as c,
+        pytest.raises(UnsupportedVersionError, match=r"unsupported version 2$"),
+    ):
+        c.exists_on(0, ["k"])
+    th.join(10)
+    listener.close()

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import socket
 import struct
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from memkv_client import protocol as p
 from memkv_client.auth import Signer
+from rawclient import RawSession
 
 SIGNER = Signer(KEY)
 
@@ -27,7 +26,6 @@ def server() -> Iterator[ServerProcess]:
     srv.stop()
 
 
-_ts = itertools.count(time.time_ns())  # unique timestamps: no accidental REPLAY verdicts
 FUZZ = settings(
     max_examples=120,
     deadline=None,
@@ -51,13 +49,13 @@ def _send(server: ServerProcess, data: bytes) -> bytes:
         return buf
 
 
-def _check_replies(buf: bytes, request_id: int | None = None) -> None:
+def _check_replies(buf: bytes, request_id: int | None = None, signer: Signer = SIGNER) -> None:
     """Whatever came back must be well-formed, signed reply frames."""
     dec = p.FrameDecoder()
     dec.feed(buf)
     while (frame := dec.next_frame()) is not None:
         assert frame.header.is_response
-        assert SIGNER.verify(frame.header.pack(), frame.meta, frame.mac)
+        assert signer.verify(frame.header.pack(), frame.meta, frame.mac)
         if request_id is not None and frame.header.op != 0:
             assert frame.header.request_id == request_id
 
@@ -102,11 +100,21 @@ def test_random_headers_with_valid_magic(server: ServerProcess, prefix: bytes, t
 def test_signed_frames_with_fuzzed_metadata(
     server: ServerProcess, op: int, meta: bytes, bulk: bytes, claimed_bulk: int
 ) -> None:
-    """Correctly signed frames reach the metadata decoders; they must answer or close."""
-    rid = 99
-    header = p.Header(p.VERSION, op, 0, 0, rid, next(_ts), len(meta), claimed_bulk).pack()
-    frame = header + SIGNER.sign(header, meta) + meta + bulk
-    _check_replies(_send(server, frame), rid)
+    """Correctly signed frames after a real HELLO reach the metadata decoders; they must
+    answer or close."""
+    s = RawSession(server.port, KEY)
+    try:
+        data = s.next_frame(op, meta, bulk, bulk_len=claimed_bulk)
+        with contextlib.suppress(OSError):
+            s.sock.sendall(data)
+            s.sock.shutdown(socket.SHUT_WR)
+        buf = b""
+        with contextlib.suppress(OSError):
+            while chunk := s.sock.recv(65536):
+                buf += chunk
+        _check_replies(buf, s.rid, s.session)
+    finally:
+        s.close()
 
 
 def test_server_survives_fuzzing(server: ServerProcess) -> None:

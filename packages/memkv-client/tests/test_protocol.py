@@ -6,14 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from memkv_client import protocol as p
-from memkv_client.auth import ReplayGuard, Signer, parse_key
+from memkv_client.auth import ClockWindow, Signer, parse_key
 
-# A HELLO request, id 1, timestamp 0x0102030405060708, signed with key 0x11 * 32.
-GOLDEN_HELLO = bytes.fromhex("4d4b010100000000010000000807060504030201020000000000000000000000")
+# A version-2 HELLO request header, id 1, timestamp 0x0102030405060708, 18 bytes of meta.
+GOLDEN_HELLO = bytes.fromhex("4d4b020100000000010000000807060504030201120000000000000000000000")
 
 
 def test_golden_header() -> None:
-    h = p.Header(1, p.Op.HELLO, 0, 0, 1, 0x0102030405060708, 2, 0)
+    h = p.Header(2, p.Op.HELLO, 0, 0, 1, 0x0102030405060708, 18, 0)
     assert h.pack() == GOLDEN_HELLO
     assert p.unpack_header(GOLDEN_HELLO) == h
     assert p.HEADER_SIZE == 32
@@ -55,9 +55,25 @@ def test_status_lengths_round_trip(items: list[tuple[int, int]]) -> None:
     assert p.decode_status_lengths(p.encode_status_lengths(items), len(items)) == items
 
 
-def test_hello_reply_round_trip() -> None:
-    info = p.ServerInfo(1, 512, 1024, 1 << 20, 1 << 30, 1 << 32, True, "node-1")
+def test_hello_round_trips() -> None:
+    nonce = bytes(range(16))
+    assert p.encode_hello(nonce) == b"\x02\x02" + nonce
+    assert p.decode_hello(p.encode_hello(nonce) + b"future") == (2, 2, nonce)
+    with pytest.raises(p.FrameError):
+        p.decode_hello(b"\x01\x01")  # a version-1 HELLO has no nonce
+    info = p.ServerInfo(
+        2, 512, 1024, 1 << 20, 1 << 30, 1 << 32, True, "node-1", False, b"b" * 16, b"c" * 16, 9
+    )
     assert p.decode_hello_reply(p.encode_hello_reply(info)) == info
+
+
+def test_put_and_get_reply_digests_round_trip() -> None:
+    items = [(b"k", 3, b"\x01" * 32), (b"kk", 0, b"\x02" * 32)]
+    assert p.decode_put_items(p.encode_put_items(items)) == items
+    replies = [(0, 3, b"\x03" * 32), (1, 0, p.NO_DIGEST)]
+    assert p.decode_get_reply(p.encode_get_reply(replies), 2) == replies
+    with pytest.raises(p.FrameError):
+        p.decode_put_items(p.encode_key_lengths([(b"k", 3)]))  # version-1 PUT meta
 
 
 def test_hello_reply_feature_flags() -> None:
@@ -120,19 +136,37 @@ def test_bad_metadata(meta: bytes, status: p.Status) -> None:
 
 
 def test_header_checks() -> None:
-    ok = p.Header(1, p.Op.GET, 0, 0, 1, 0, 0, 0)
+    ok = p.Header(2, p.Op.GET, 0, 0, 1, 0, 0, 0)
     assert p.check_request_header(ok, 1 << 30) is p.Op.GET
     cases = [
         (p.Header(9, p.Op.GET, 0, 0, 1, 0, 0, 0), p.Status.UNSUPPORTED_VERSION),
-        (p.Header(1, 0x77, 0, 0, 1, 0, 0, 0), p.Status.INVALID_OPCODE),
-        (p.Header(1, p.Op.GET, 0, p.FLAG_RESPONSE, 1, 0, 0, 0), p.Status.INVALID_REQUEST),
-        (p.Header(1, p.Op.GET, 0, 0, 1, 0, p.MAX_META_LEN + 1, 0), p.Status.PAYLOAD_TOO_LARGE),
-        (p.Header(1, p.Op.PUT, 0, 0, 1, 0, 0, 2 << 30), p.Status.PAYLOAD_TOO_LARGE),
-        (p.Header(1, p.Op.GET, 0, 0, 1, 0, 0, 10), p.Status.INVALID_REQUEST),
+        (p.Header(1, p.Op.GET, 0, 0, 1, 0, 0, 0), p.Status.UNSUPPORTED_VERSION),
+        (p.Header(2, 0x77, 0, 0, 1, 0, 0, 0), p.Status.INVALID_OPCODE),
+        (p.Header(2, p.Op.GET, 0, p.FLAG_RESPONSE, 1, 0, 0, 0), p.Status.INVALID_REQUEST),
+        (p.Header(2, p.Op.GET, 0, 0, 1, 0, p.MAX_META_LEN + 1, 0), p.Status.PAYLOAD_TOO_LARGE),
+        (p.Header(2, p.Op.PUT, 0, 0, 1, 0, 0, 2 << 30), p.Status.PAYLOAD_TOO_LARGE),
+        (p.Header(2, p.Op.GET, 0, 0, 1, 0, 0, 10), p.Status.INVALID_REQUEST),
+        (p.Header(2, p.Op.HELLO, 0, 0, 1, 0, 18, 0), p.Status.INVALID_REQUEST),  # a second one
     ]
     for h, status in cases:
         with pytest.raises(p.FrameError) as info:
             p.check_request_header(h, 1 << 30)
+        assert info.value.status is status
+
+
+def test_before_hello_only_a_small_hello_is_read() -> None:
+    hello = p.Header(2, p.Op.HELLO, 0, 0, 1, 0, 18, 0)
+    assert p.check_request_header(hello, 1 << 30, authenticated=False) is p.Op.HELLO
+    for h, status in [
+        (
+            p.Header(2, p.Op.HELLO, 0, 0, 1, 0, p.PREAUTH_MAX_META_LEN + 1, 0),
+            p.Status.PAYLOAD_TOO_LARGE,
+        ),
+        (p.Header(2, p.Op.GET, 0, 0, 1, 0, 0, 0), p.Status.INVALID_REQUEST),
+        (p.Header(2, p.Op.PUT, 0, 0, 1, 0, 0, 5), p.Status.INVALID_REQUEST),
+    ]:
+        with pytest.raises(p.FrameError) as info:
+            p.check_request_header(h, 1 << 30, authenticated=False)
         assert info.value.status is status
     with pytest.raises(p.FrameError) as info:
         p.unpack_header(b"XX" + GOLDEN_HELLO[2:])
@@ -141,7 +175,7 @@ def test_header_checks() -> None:
 
 def test_frame_decoder_waits_for_whole_frames() -> None:
     meta = p.encode_key_lengths([(b"k", 3)])
-    header = p.Header(1, p.Op.PUT, 0, 0, 5, 0, len(meta), 3).pack()
+    header = p.Header(2, p.Op.PUT, 0, 0, 5, 0, len(meta), 3).pack()
     frame = header + b"\x00" * 32 + meta + b"abc"
     dec = p.FrameDecoder()
     for i in range(len(frame) - 1):  # byte by byte: nothing until the last byte
@@ -162,30 +196,34 @@ def test_signer() -> None:
     assert s.verify(b"header", b"meta", mac)
     assert not s.verify(b"header", b"meta!", mac)
     assert not Signer(b"\x12" * 32).verify(b"header", b"meta", mac)
+    incremental = s.start(b"header")
+    incremental.update(b"me")
+    incremental.update(b"ta")
+    assert Signer.check(incremental, mac)
     with pytest.raises(ValueError, match="32 bytes"):
         Signer(b"short")
+    with pytest.raises(ValueError, match="all-zero"):
+        Signer(bytes(32))
     assert parse_key("11" * 32) == b"\x11" * 32
     with pytest.raises(ValueError, match="64 hex"):
         parse_key("11")
+    with pytest.raises(ValueError, match="all-zero"):
+        parse_key("00" * 32)
 
 
-def test_replay_guard_window_and_replays() -> None:
+def test_session_keys_differ_per_nonce() -> None:
+    s = Signer(b"\x11" * 32)
+    a = s.session(b"c" * 16, b"b" * 16, b"1" * 16).sign(b"h", b"m")
+    assert a == s.session(b"c" * 16, b"b" * 16, b"1" * 16).sign(b"h", b"m")
+    assert a != s.session(b"c" * 16, b"b" * 16, b"2" * 16).sign(b"h", b"m")  # connection
+    assert a != s.session(b"c" * 16, b"B" * 16, b"1" * 16).sign(b"h", b"m")  # boot
+    assert a != s.hello_reply(b"c" * 16).sign(b"h", b"m")
+    assert a != s.sign(b"h", b"m")
+
+
+def test_clock_window() -> None:
     now = [1_000_000_000_000]
-    guard = ReplayGuard(window_ns=5_000, clock=lambda: now[0])
-    assert guard.check(now[0], b"a" * 32) is p.Status.OK
-    assert guard.check(now[0], b"a" * 32) is p.Status.REPLAY
-    assert guard.check(now[0] - 5_001, b"b" * 32) is p.Status.CLOCK_DRIFT
-    assert guard.check(now[0] + 5_001, b"b" * 32) is p.Status.CLOCK_DRIFT
-    assert guard.check(now[0] + 4_000, b"c" * 32) is p.Status.OK
-    now[0] += 9_000  # within 2 x window of the originals: still remembered
-    assert guard.check(now[0] - 4_000, b"c" * 32) is p.Status.REPLAY
-    now[0] += 2_000  # older than 2 x window: a copy could no longer pass the clock check
-    assert guard.check(now[0], b"d" * 32) is p.Status.OK
-    assert len(guard) == 1
-
-
-def test_replay_guard_is_bounded() -> None:
-    guard = ReplayGuard(window_ns=10**12, clock=lambda: 0, max_entries=3)
-    for i in range(3):
-        assert guard.check(0, bytes([i]) * 32) is p.Status.OK
-    assert guard.check(0, b"\x09" * 32) is p.Status.REPLAY  # full: refuse rather than grow
+    window = ClockWindow(window_ns=5_000, clock=lambda: now[0])
+    assert window.check(now[0]) is p.Status.OK
+    assert window.check(now[0] - 5_001) is p.Status.CLOCK_DRIFT
+    assert window.check(now[0] + 5_001) is p.Status.CLOCK_DRIFT

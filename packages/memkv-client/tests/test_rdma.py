@@ -23,8 +23,9 @@ from memkv_client import (
 )
 from memkv_client import protocol as p
 from memkv_client.auth import Signer
-from memkv_client.rdma import RdmaEngine, RdmaResponder
+from memkv_client.rdma import RdmaEngine
 from memkv_client.server.net import MemKVServer
+from memkv_client.server.rdma import RdmaResponder
 from memkv_client.server.spill import SpillDir
 from memkv_client.server.storage import Store
 from memkv_client.verbs import open_verbs_backend
@@ -126,7 +127,7 @@ def test_registered_region_is_used_in_place(
 def test_large_value_posts_in_windows(
     fabric: Fabric, rdma_server: InProcessServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from memkv_client.rdma import RdmaPeer
+    from memkv_client.server.rdma import RdmaPeer
 
     monkeypatch.setattr(RdmaPeer, "WINDOW", 3)  # 12 MiB = 48 blocks -> 16 windows
     with rdma_client(fabric, rdma_server.address, staging_size_mb=32, staging_slot_mb=16) as c:
@@ -385,7 +386,7 @@ def test_xfer_write_pieces_make_one_value_and_reads_take_ranges(
         )
         assert past.kind is ResultKind.MISS
         assert "700000 bytes" in past.cause
-        assert absent == (ResultKind.MISS, "not found")
+        assert (absent.kind, absent.cause) == (ResultKind.MISS, "not found")
 
 
 def test_xfer_small_and_spilled_values(fabric: Fabric, tmp_path: Path) -> None:

@@ -78,3 +78,26 @@ def test_spill_directory(tmp_path: Path) -> None:
     finally:
         assert srv.terminate() == 0
     assert list(tmp_path.glob("*.mkv")) == []
+
+
+def test_cli_version_and_serve_help_show_what_users_need() -> None:
+    version = _run("--version")
+    assert version.returncode == 0
+    assert version.stdout.startswith("memkv ")
+    helptext = _run("serve", "--help").stdout
+    for shown in ("(default: 4GiB)", "(default: 127.0.0.1:9900)", "(default: 10.0)"):
+        assert shown in " ".join(helptext.split()), shown
+
+
+def test_stats_into_a_closed_pipe_exits_quietly(server: ServerProcess) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMKV_")}
+    env["MEMKV_AUTH_KEY"] = KEY_HEX
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memkv_client.cli", "stats", "--json", "--server", server.address],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.close()  # like `| head` that has already exited
+    _, err = proc.communicate(timeout=60)
+    assert b"Traceback" not in err
+    assert b"BrokenPipe" not in err

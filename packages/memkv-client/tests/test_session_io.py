@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from memkv_client import TransportError
-from memkv_client.session import recv_views_into
+from memkv_client.sockio import recv_views_into
 
 
 @pytest.fixture

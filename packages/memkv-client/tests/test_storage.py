@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from memkv_client.protocol import Status
 from memkv_client.server.spill import SpillDir
-from memkv_client.server.storage import BLOCK_SIZE, Reservation, Store, namespace_of
+from memkv_client.server.storage import (
+    BLOCK_SIZE,
+    ITEM_OVERHEAD,
+    MIN_VALUE_CHARGE,
+    Reservation,
+    Store,
+    namespace_of,
+)
+
+SLACK = BLOCK_SIZE  # one block backs the small per-item charges of these tests
 
 MB = 1 << 20
 
@@ -52,7 +62,7 @@ def test_namespace_is_prefix_before_first_slash() -> None:
 
 
 def test_round_trip_small_and_block_values() -> None:
-    store = Store(8 * MB, lanes=1, prefault=False)
+    store = Store(8 * MB + SLACK, lanes=1, prefault=False)
     big = bytes(range(256)) * (BLOCK_SIZE // 256 * 3 + 7)
     assert put(store, b"a", b"small") is Status.OK
     assert put(store, b"b", big) is Status.OK
@@ -63,7 +73,7 @@ def test_round_trip_small_and_block_values() -> None:
 
 
 def test_lru_eviction_within_a_lane() -> None:
-    store = Store(4 * MB, lanes=1, prefault=False)
+    store = Store(4 * MB + SLACK, lanes=1, prefault=False)
     for i in range(4):
         assert put(store, f"k{i}".encode(), b"x" * MB) is Status.OK
     assert store.exists([b"k0"]) == [True]  # touch k0: k1 is now the LRU
@@ -73,7 +83,7 @@ def test_lru_eviction_within_a_lane() -> None:
 
 
 def test_lane_within_its_share_is_not_evicted_by_another() -> None:
-    store = Store(8 * MB, lanes=2, prefault=False)  # share: 4 MiB each
+    store = Store(8 * MB + SLACK, lanes=2, prefault=False)  # share: 4 MiB each
     a, b = keys_in_lane(store, 0, 1)[0], keys_in_lane(store, 1, 1)[0]
     for i in range(2):
         assert put(store, a + f"/{i}".encode(), b"a" * MB) is Status.OK
@@ -82,11 +92,11 @@ def test_lane_within_its_share_is_not_evicted_by_another() -> None:
     assert store.exists([a + b"/0", a + b"/1"]) == [True, True]
     lanes = store.stats()["lanes"]
     assert lanes[0]["evictions"] == 0
-    assert lanes[1]["used"] == 6 * MB
+    assert 6 * MB < lanes[1]["used"] < 6 * MB + 8192  # values plus per-item charges
 
 
 def test_over_share_lane_is_evicted_first() -> None:
-    store = Store(8 * MB, lanes=2, prefault=False)
+    store = Store(8 * MB + SLACK, lanes=2, prefault=False)
     a, b = keys_in_lane(store, 0, 1)[0], keys_in_lane(store, 1, 1)[0]
     for i in range(8):  # lane a borrows everything
         assert put(store, a + f"/{i}".encode(), b"a" * MB) is Status.OK
@@ -103,7 +113,7 @@ def test_value_larger_than_a_lane_share_is_refused() -> None:
 
 
 def test_pinned_reader_sees_whole_old_value_across_overwrite() -> None:
-    store = Store(4 * MB, lanes=1, prefault=False)
+    store = Store(4 * MB + SLACK, lanes=1, prefault=False)
     put(store, b"k", b"old" * 100_000)
     e = store.pin(b"k")
     assert e is not None
@@ -116,7 +126,7 @@ def test_pinned_reader_sees_whole_old_value_across_overwrite() -> None:
 
 
 def test_evicted_between_lookup_and_read_is_a_miss() -> None:
-    store = Store(2 * MB, lanes=1, prefault=False)
+    store = Store(2 * MB + SLACK, lanes=1, prefault=False)
     put(store, b"k", b"v" * MB)
     assert store.exists([b"k"]) == [True]
     put(store, b"a", b"a" * MB)
@@ -125,7 +135,7 @@ def test_evicted_between_lookup_and_read_is_a_miss() -> None:
 
 
 def test_memory_pinned_everywhere_gives_no_space() -> None:
-    store = Store(2 * MB, lanes=1, prefault=False, wait_timeout=0.05)
+    store = Store(2 * MB + SLACK, lanes=1, prefault=False, wait_timeout=0.05)
     put(store, b"a", b"a" * MB)
     put(store, b"b", b"b" * MB)
     pins = [store.pin(b"a"), store.pin(b"b")]
@@ -138,10 +148,10 @@ def test_memory_pinned_everywhere_gives_no_space() -> None:
 
 
 def test_aborted_reservation_frees_memory() -> None:
-    store = Store(2 * MB, lanes=1, prefault=False)
+    store = Store(2 * MB + SLACK, lanes=1, prefault=False)
     res = store.reserve(b"x", 2 * MB)
     assert isinstance(res, Reservation)
-    assert store.stats()["used"] == 2 * MB
+    assert 2 * MB < store.stats()["used"] < 2 * MB + 8192
     store.abort(res)
     assert store.stats()["used"] == 0
     assert store.exists([b"x"]) == [False]
@@ -164,7 +174,7 @@ class BlockingSpill(SpillDir):
 
 def test_exists_never_blocks_on_eviction(tmp_path: Path) -> None:
     spill = BlockingSpill(tmp_path, 64 * MB)
-    store = Store(2 * MB, lanes=1, spill=spill, prefault=False)
+    store = Store(2 * MB + SLACK, lanes=1, spill=spill, prefault=False)
     put(store, b"a", b"a" * MB)
     put(store, b"b", b"b" * MB)
     writer = threading.Thread(target=put, args=(store, b"c", b"c" * MB))
@@ -172,6 +182,10 @@ def test_exists_never_blocks_on_eviction(tmp_path: Path) -> None:
     assert spill.entered.wait(30)  # the writer is now stuck spilling "a"
     assert store.exists([b"b", b"zz"]) == [True, False]  # returns while the spill is stuck
     assert store.size(b"b") == MB
+    # "a", the value being spilled, is no false miss meanwhile
+    assert store.exists([b"a"]) == [True]
+    assert store.size(b"a") == MB
+    assert read(store, b"a") == b"a" * MB
     assert writer.is_alive()
     spill.release.set()
     writer.join(30)
@@ -185,7 +199,7 @@ def test_exists_never_blocks_on_eviction(tmp_path: Path) -> None:
 @pytest.mark.parametrize("action", ["delete", "overwrite"])
 def test_delete_or_overwrite_during_spill_wins(tmp_path: Path, action: str) -> None:
     spill = BlockingSpill(tmp_path, 64 * MB)
-    store = Store(2 * MB, lanes=1, spill=spill, prefault=False)
+    store = Store(2 * MB + SLACK, lanes=1, spill=spill, prefault=False)
     put(store, b"a", b"a" * MB)
     put(store, b"b", b"b" * MB)
     writer = threading.Thread(target=put, args=(store, b"c", b"c" * MB))
@@ -206,7 +220,7 @@ def test_delete_or_overwrite_during_spill_wins(tmp_path: Path, action: str) -> N
 
 def test_spill_capacity_evicts_oldest_file(tmp_path: Path) -> None:
     spill = SpillDir(tmp_path, 2 * MB)
-    store = Store(1 * MB, lanes=1, spill=spill, prefault=False)
+    store = Store(1 * MB + SLACK, lanes=1, spill=spill, prefault=False)
     for i in range(5):
         assert put(store, f"k{i}".encode(), bytes([i]) * MB) is Status.OK
     assert store.exists([f"k{i}".encode() for i in range(5)]) == [False, False, True, True, True]
@@ -230,7 +244,7 @@ class FakeClock:
 
 def test_exists_lease_keeps_a_value_until_it_is_read() -> None:
     clock = FakeClock()
-    store = Store(2 * MB, lanes=1, prefault=False, lease_s=30, clock=clock)
+    store = Store(2 * MB + SLACK, lanes=1, prefault=False, lease_s=30, clock=clock)
     put(store, b"k", b"v" * MB)
     put(store, b"o", b"o" * MB)
     assert store.exists([b"k"]) == [True]  # leased until now + 30 s
@@ -246,7 +260,7 @@ def test_exists_lease_keeps_a_value_until_it_is_read() -> None:
 
 def test_lease_is_best_effort_when_everything_is_leased() -> None:
     clock = FakeClock()
-    store = Store(2 * MB, lanes=1, prefault=False, lease_s=30, clock=clock)
+    store = Store(2 * MB + SLACK, lanes=1, prefault=False, lease_s=30, clock=clock)
     put(store, b"k", b"v" * MB)
     put(store, b"o", b"o" * MB)
     assert store.exists([b"k", b"o"]) == [True, True]
@@ -257,7 +271,7 @@ def test_lease_is_best_effort_when_everything_is_leased() -> None:
 
 def test_lease_expires() -> None:
     clock = FakeClock()
-    store = Store(2 * MB, lanes=1, prefault=False, lease_s=30, clock=clock)
+    store = Store(2 * MB + SLACK, lanes=1, prefault=False, lease_s=30, clock=clock)
     put(store, b"k", b"v" * MB)
     assert store.exists([b"k"]) == [True]
     put(store, b"o", b"o" * MB)
@@ -265,3 +279,60 @@ def test_lease_expires() -> None:
     put(store, b"a", b"a" * MB)  # k's lease is over: k is evicted as the LRU value
     assert store.exists([b"k", b"o"]) == [False, True]
     assert store.stats()["lanes"][0]["lease_breaks"] == 0
+
+
+def test_a_put_that_cannot_fit_evicts_nothing() -> None:
+    store = Store(2 * MB + SLACK, lanes=1, prefault=False, wait_timeout=0.05)
+    put(store, b"a", b"a" * MB)
+    put(store, b"b", b"b" * MB)
+    pin = store.pin(b"a")
+    assert pin is not None
+    assert store.reserve(b"big", 2 * MB) is Status.NO_SPACE  # a is pinned: cannot fit
+    assert store.exists([b"a", b"b"]) == [True, True]  # b was not evicted in vain
+    assert store.stats()["lanes"][0]["evictions"] == 0
+    store.unpin(pin)
+
+
+def test_tiny_and_empty_values_are_charged() -> None:
+    """Keys, per-item overhead and a minimum per value count against capacity, backed by
+    arena blocks lent out: empty values evict once memory is full."""
+    store = Store(2 * MB, lanes=1, prefault=False)
+    for i in range(20_000):
+        assert put(store, b"tiny/%d" % i, b"") is Status.OK
+    st = store.stats()
+    assert st["items"] < 2 * MB // (ITEM_OVERHEAD + MIN_VALUE_CHARGE)
+    assert st["lanes"][0]["evictions"] > 0
+    resident = (store.arena.nblocks - st["lent_blocks"]) * BLOCK_SIZE + st["outside_arena"]
+    assert resident <= st["capacity"]
+
+
+def test_spill_dir_touches_only_its_own_files(tmp_path: Path) -> None:
+    (tmp_path / "holiday-video.mkv").write_bytes(b"precious")
+    with pytest.raises(ValueError, match="not a MemKV spill directory"):
+        SpillDir(tmp_path, MB)
+    assert (tmp_path / "holiday-video.mkv").read_bytes() == b"precious"
+    own = tmp_path / "spill"
+    spill = SpillDir(own, MB)  # created and claimed with a marker
+    (own / "holiday-video.mkv").write_bytes(b"precious")  # dropped in later
+    spill.write([memoryview(b"v")], 1)
+    spill.close()
+    assert sorted(f.name for f in own.iterdir()) == [".memkv-spill", "holiday-video.mkv"]
+    SpillDir(own, MB).close()  # a claimed directory is reused
+    assert (own / "holiday-video.mkv").read_bytes() == b"precious"
+
+
+def test_prefault_runs_in_the_background_so_the_server_listens_at_once() -> None:
+    """Pre-faulting 2 GiB in the constructor (MAP_POPULATE) took seconds before the
+    server could listen; now a background thread does it and stops on close."""
+    t0 = time.monotonic()
+    store = Store(2 << 30, lanes=1, prefault=True)
+    took = time.monotonic() - t0
+    try:
+        assert took < 0.25
+        assert put(store, b"k", b"v" * MB) is Status.OK  # usable while it runs
+        deadline = time.monotonic() + 30
+        while store.stats()["prefaulted"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.stats()["prefaulted"] > 0
+    finally:
+        store.close()

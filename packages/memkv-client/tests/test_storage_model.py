@@ -78,8 +78,12 @@ class StoreMachine(RuleBasedStateMachine):
         st_ = self.store.stats()
         assert 0 <= st_["used"] <= st_["capacity"]
         assert sum(ln["used"] for ln in st_["lanes"]) == st_["used"]
-        blocks_used = self.store.arena.nblocks - st_["free_blocks"]
+        arena = self.store.arena
+        blocks_used = arena.nblocks - st_["free_blocks"] - len(arena.lent)
         assert blocks_used * BLOCK_SIZE <= st_["used"]
+        # the memory bound: blocks that may be resident plus bytes outside the arena
+        resident = (arena.nblocks - len(arena.lent)) * BLOCK_SIZE + st_["outside_arena"]
+        assert resident <= st_["capacity"]
 
     def teardown(self) -> None:
         for e, _ in self.pins:

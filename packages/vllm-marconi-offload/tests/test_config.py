@@ -13,6 +13,7 @@ def test_defaults_are_single_tier_anonymous_marconi() -> None:
     assert config.eviction_policy == "marconi"
     assert config.eviction_options == {"decay": 0.0, "reuse_mode": "linear"}
     assert config.admission_threshold == 1
+    assert config.l1_overflow == "drop_unwritten"
 
 
 def test_seed_quickstart_config_is_accepted() -> None:
@@ -49,6 +50,7 @@ def test_seed_quickstart_config_is_accepted() -> None:
         ({"l2_pool_path": "/tmp/x"}, "l2_pool_path is set: l2_bytes_to_use must be"),
         ({"cpu_pool_path": ""}, "cpu_pool_path must be an absolute directory path"),
         ({"cpu_bytes": 1}, "unknown key(s) ['cpu_bytes']"),
+        ({"l1_overflow": "refuse"}, "l1_overflow must be one of ['drop_unwritten', 'demote']"),
     ],
 )
 def test_bad_values_name_the_key(extra: dict[str, object], message: str) -> None:
@@ -66,8 +68,9 @@ def test_lru_takes_no_marconi_options(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_storage_keys_without_l2_are_reported_ignored(caplog: pytest.LogCaptureFixture) -> None:
-    OffloadConfig.from_extra_config({"l2_fsync": "always"})
+    OffloadConfig.from_extra_config({"l2_fsync": "always", "l1_overflow": "demote"})
     assert "l2_fsync is ignored: there is no L2" in caplog.text
+    assert "l1_overflow is ignored: there is no L2" in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from kvpool_mmap import LoadStatus, LoadTicket, StoreConfig, Tier, TierConfig, TieredStore
 from vllm_marconi_offload.cost import PROBE_AFTER_SKIPS, PROBE_BUDGET, LoadCostModel
 
 
@@ -154,3 +157,47 @@ def test_a_chunk_scheduled_while_the_previous_runs_is_timed_from_that_ones_repor
     assert 26_000 < model.prefill_tokens_per_s < 28_000
     blocks = 1_804  # run F's 32k L2 hit: 3.8 GB at 1.5 GB/s against 28,864 tokens
     assert model.blocks_to_load(blocks, blocks * (2 << 20), blocks * 16) == 0
+
+
+def promote(store: TieredStore, keys: list[bytes]) -> LoadTicket:
+    """Push `keys` out of the 4-slot L1 (eight new blocks), then load them back from L2."""
+    store.put([bytes([0xF0, i]) + bytes(14) for i in range(8)], [[0] * 4096] * 8)
+    ticket = store.begin_load(keys)
+    assert ticket.tiers == [Tier.L2] * len(keys)
+    assert store.wait_load(ticket, 10) is LoadStatus.READY
+    store.end_load(ticket)
+    return ticket
+
+
+def test_promotions_from_the_page_cache_teach_nothing(tmp_path: Path) -> None:
+    """A buffered L2 serves blocks written or read moments before from the page cache, at
+    memory speed; learning that rate made the rule load hits the disk then served slowly.
+    Only blocks read from the disk (after the cache was dropped) teach the model."""
+    store = TieredStore(
+        StoreConfig(
+            stride=4096,
+            engine_id="cost",
+            fingerprint=b"cost",
+            l1=TierConfig(tmp_path / "l1", 4 * 4096),
+            l2=TierConfig(tmp_path / "l2", 1 << 20),
+            direct_io="off",
+            l2_fsync="never",  # the page cache is dropped only by flush() here
+        )
+    )
+    model = LoadCostModel(l2_read_bytes_per_s=1.0, prefill_tokens_per_s=0.0)
+    keys = [bytes([i]) * 16 for i in range(4)]
+    try:
+        store.put(keys, [[i] * 4096 for i in range(4)])
+        store.flush()  # written to L2, then its cached pages dropped
+        from_disk = promote(store, keys)
+        assert from_disk.cached_promotions == 0
+        model.on_promotions([from_disk], slot_bytes=4096)
+        learned = model.l2_bytes_per_s
+        assert learned > 1.0  # measured: the assumed 1 B/s is gone
+        from_cache = promote(store, keys)  # read a moment ago: still in the page cache
+        assert from_cache.cached_promotions == 4
+        assert from_cache.promotion_seconds > 0
+        model.on_promotions([from_cache], slot_bytes=4096)
+        assert model.l2_bytes_per_s == learned
+    finally:
+        store.close()

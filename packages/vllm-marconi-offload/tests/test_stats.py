@@ -111,3 +111,23 @@ def test_reports_send_counter_increments_and_changed_gauges_only() -> None:
         "stored_blocks": 2,
         "l1_used_blocks": 0,
     }
+
+
+def test_victims_dropped_before_reaching_l2_are_reported(tmp_path: Path) -> None:
+    """With L2 writes behind, a full L1 drops its oldest unwritten blocks to store new
+    ones (the default `l1_overflow`); the log line and the metrics count them."""
+    config = StoreConfig(
+        stride=4096,
+        engine_id="stats",
+        fingerprint=b"stats",
+        l1=TierConfig(tmp_path / "l1", 4 * 4096),
+        l2=TierConfig(tmp_path / "l2", 1 << 20),
+        write_through=False,
+        max_inflight_io=1,
+    )
+    with TieredStore(config) as store:
+        store.put([bytes([i]) * 16 for i in range(4)], [[i] * 4096 for i in range(4)])
+        # the first victim's demotion is the one write allowed in flight: the others drop
+        assert store.put([bytes([i]) * 16 for i in range(4, 8)], [[0] * 4096] * 4) == 3
+        assert "not_stored=1 dropped_unwritten=3" in eviction_line(store.stats())
+        assert store_counters(store.stats())["dropped_unwritten"] == 3

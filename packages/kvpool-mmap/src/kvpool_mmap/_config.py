@@ -24,10 +24,12 @@ HEADER_BYTES = 256
 
 FsyncMode = Literal["batch", "always", "never"]
 DirectIO = Literal["auto", "on", "off"]
+L1Overflow = Literal["drop_unwritten", "demote"]
 
 _ENGINE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 FSYNC_MODES: tuple[FsyncMode, ...] = ("batch", "always", "never")
 DIRECT_IO_MODES: tuple[DirectIO, ...] = ("auto", "on", "off")
+L1_OVERFLOW_MODES: tuple[L1Overflow, ...] = ("drop_unwritten", "demote")
 
 
 def round_up(n: int, to: int) -> int:
@@ -137,6 +139,12 @@ class StoreConfig:
     filesystem accepts it; 'on' requires it; 'off' uses the page cache."""
     verify_on_open: bool = False
     """Read every L2 payload at start and drop slots whose checksum fails (slow; for checks)."""
+    l1_overflow: L1Overflow = "drop_unwritten"
+    """What a full L1 does with victims that have no L2 copy yet. 'drop_unwritten': demote
+    them while background L2 writes are fewer than max_inflight_io, else drop them
+    (counted in dropped_unwritten), so a new block never waits for the disk. 'demote' (the
+    seed's design): always demote; their slots free when the writes land, and blocks that
+    find no slot meanwhile are not stored (store_no_space). Without L2 both drop."""
 
     def __post_init__(self) -> None:
         _positive_int("stride", self.stride, maximum=MAX_TIER_BYTES)
@@ -174,6 +182,10 @@ class StoreConfig:
             raise ConfigError(f"l2_fsync must be one of {FSYNC_MODES}, got {self.l2_fsync!r}")
         if self.direct_io not in DIRECT_IO_MODES:
             raise ConfigError(f"direct_io must be one of {DIRECT_IO_MODES}, got {self.direct_io!r}")
+        if self.l1_overflow not in L1_OVERFLOW_MODES:
+            raise ConfigError(
+                f"l1_overflow must be one of {L1_OVERFLOW_MODES}, got {self.l1_overflow!r}"
+            )
         for flag in ("write_through", "verify_on_open"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")

@@ -58,6 +58,7 @@ class StoreEngine:
                 "checksum_failures",
                 "io_errors",
                 "load_failures",
+                "dropped_unwritten",
             ],
             0,
         )
@@ -94,6 +95,8 @@ class StoreEngine:
             for b in self.recovery.blocks:
                 e = Entry(b.key, None, b.depth)
                 e.l2, e.l2_state = b.slot, SlotState.VALID
+                if config.verify_on_open:  # its payload was just read
+                    e.l2_touched = time.monotonic()
                 self._entries[b.key] = e
                 self._meta.set(b.slot, b.checksums)
                 self._l2_policy.insert(b.key, None, b.depth)
@@ -200,15 +203,17 @@ class StoreEngine:
 
     # --- internals: allocation and eviction ----------------------------------------
 
-    def _alloc_l1(self, n: int) -> tuple[list[int], int]:
-        """Up to n free L1 slots now, and how many demotions were started to free more."""
+    def _alloc_l1(self, n: int, wait_for_l2: bool = True) -> tuple[list[int], int]:
+        """Up to n free L1 slots now, and how many victims free theirs later (an L2 write
+        lands). With wait_for_l2 those count towards n; without, more victims are taken
+        instead, so the slots come now whenever anything is evictable."""
         out: list[int] = []
         demoting = 0
         while len(out) < n:
             if len(self._l1_free):
                 out.append(self._l1_free.pop())
                 continue
-            need = n - len(out) - demoting
+            need = n - len(out) - (demoting if wait_for_l2 else 0)
             if need <= 0:
                 break
             victims = self._l1_policy.pop_victims(need)
@@ -221,6 +226,7 @@ class StoreEngine:
     def _start_read(self, e: Entry, slot: int) -> None:
         """Promote e's L2 copy into L1 slot `slot` (the job holds one L2 pin)."""
         e.l1, e.l1_state = slot, SlotState.FILLING
+        e.l2_read_cached = self._mover.may_be_cached(e.l2_touched)
         self._l2_pin(e)
         fn = partial(self._mover.read_block, e.l2, slot, self._meta.get(e.l2))
         self._submit(_READ, e, e.l2, fn, urgent=True)
@@ -261,11 +267,12 @@ class StoreEngine:
         self._counters["l1_evictions"] += 1
         if e.l1_jobs:  # its write-through is in flight: the slot frees when that lands
             return self._free_l1_later(e)
-        if not self.l2_files or e.l2_readable:
-            self._free_l1(e)
-            self._forget(e)
-            return 0
-        slot = self._alloc_l2()
+        slot = None
+        if self.l2_files and not e.l2_readable:
+            if self._l2_writes_behind():
+                self._counters["dropped_unwritten"] += 1
+            else:
+                slot = self._alloc_l2()
         if slot is None:
             self._free_l1(e)
             self._forget(e)
@@ -273,6 +280,15 @@ class StoreEngine:
         self._counters["demotions"] += 1
         self._start_write(e, slot)
         return self._free_l1_later(e)
+
+    def _l2_writes_behind(self) -> bool:
+        """Under 'drop_unwritten': true while max_inflight_io background L2 writes are
+        in flight, i.e. a demotion now would hold its L1 slot behind a disk backlog."""
+        assert self._io is not None
+        return (
+            self.config.l1_overflow == "drop_unwritten"
+            and self._io.background >= self.config.max_inflight_io
+        )
 
     def _alloc_l2(self) -> int | None:
         if len(self._l2_free):
@@ -375,6 +391,7 @@ class StoreEngine:
         if c.error is None:
             self._meta.set(slot, c.result)
             e.l2_state = SlotState.VALID
+            e.l2_touched = c.finished
             assert self._l2_policy is not None
             self._l2_policy.insert(e.key, e.parent, e.depth)
             if e.l2_pins:
@@ -387,6 +404,7 @@ class StoreEngine:
 
     def _read_done(self, e: Entry, c: Completion) -> None:
         ok = c.error is None and bool(c.result)
+        e.l2_touched = c.finished
         if ok:
             e.l1_state = SlotState.VALID
             self._l1_track(e)
@@ -413,6 +431,8 @@ class StoreEngine:
         for t in waiters:
             t.pending -= 1
             t.promoted_at = max(t.promoted_at, finished)
+            if ok and e.l2_read_cached:
+                t.cached_promotions += 1
             if not ok:
                 t.failed.append(e.key)
             else:

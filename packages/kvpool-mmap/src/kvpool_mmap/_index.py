@@ -34,7 +34,9 @@ class Entry:
         "l1_state",
         "l2",
         "l2_pins",
+        "l2_read_cached",
         "l2_state",
+        "l2_touched",
         "parent",
         "wt_queued",
     )
@@ -54,6 +56,10 @@ class Entry:
         self.l2 = -1
         self.l2_state = SlotState.NONE
         self.l2_pins = 0
+        self.l2_touched = float("-inf")
+        """time.monotonic() when an I/O job last wrote or read the L2 copy."""
+        self.l2_read_cached = False
+        """The promotion in flight may be served from the page cache (BlockMover.may_be_cached)."""
         self.wt_queued = False
 
     @property

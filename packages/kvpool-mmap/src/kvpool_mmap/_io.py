@@ -30,6 +30,10 @@ class BlockMover:
         self.fsync = fsync
         self.stride = l1[0].stride if l1 else 0
         self._dirty = threading.Event()
+        self.bypasses_cache = all(f.direct for f in l2)
+        """Payloads move with O_DIRECT: no read is ever served from the page cache."""
+        self.cache_dropped_at = float("-inf")
+        """Start of the newest sync whose cache drop finished: pages touched before it are gone."""
 
     def write_block(
         self, l1_slot: int, l2_slot: int, key: bytes, gen: int, depth: int
@@ -73,13 +77,23 @@ class BlockMover:
         self._dirty.set()
 
     def sync(self) -> None:
-        """fdatasync every L2 file if something was written since the last sync."""
+        """fdatasync every L2 file if something was written since the last sync, then drop
+        its cached pages (buffered files only)."""
         if not self._dirty.is_set():
             return
+        started = time.monotonic()
         self._dirty.clear()
         for f in self.l2:
             f.sync()
             f.drop_cache()
+        self.cache_dropped_at = max(self.cache_dropped_at, started)
+
+    def may_be_cached(self, touched: float) -> bool:
+        """Whether a payload last written or read at `touched` (time.monotonic()) may still
+        be in the page cache: a read of it then says nothing about the disk's speed.
+
+        Pages written before a sync started are clean when its drop runs, and dropped."""
+        return not self.bypasses_cache and touched >= self.cache_dropped_at
 
 
 @dataclass

@@ -165,8 +165,11 @@ class TieredStore(StoreEngine):
         """Allocate pinned L1 slots for the keys the worker should write.
 
         Non-blocking. Keys already stored (or in flight) and keys the admission tracker
-        rejects get None; L1 victims are dropped if already in L2, else demoted; when no
-        slot can be freed now, the remaining keys get None (their prefix still gets slots).
+        rejects get None; L1 victims are dropped if already in L2, else demoted (or, under
+        l1_overflow='drop_unwritten' with L2 writes behind, dropped); when no slot can be
+        freed now, the remaining keys get None (their prefix still gets slots). Under
+        'demote' a victim whose L2 write is in flight counts as a slot on its way, so the
+        store gets fewer slots now; under 'drop_unwritten' further victims are taken.
         parents/depths default to the previous key in `keys` and the position.
         """
         self._reap()
@@ -186,7 +189,7 @@ class TieredStore(StoreEngine):
                 self._counters["not_admitted"] += 1
                 continue
             want.append(i)
-        slots, _ = self._alloc_l1(len(want))
+        slots, _ = self._alloc_l1(len(want), wait_for_l2=self.config.l1_overflow == "demote")
         self._counters["store_no_space"] += len(want) - len(slots)
         ticket = StoreTicket(self._new_id(), list(keys), [None] * n, parents, depths)
         for i, slot in zip(want, slots, strict=False):

@@ -44,6 +44,10 @@ class LoadTicket:
     """time.monotonic() at begin_load."""
     promoted_at: float = 0.0
     """time.monotonic() when its last promotion finished on the I/O threads (0: none)."""
+    cached_promotions: int = 0
+    """Promoted blocks whose L2 read may have come from the page cache (L2 without O_DIRECT,
+    the block written or read since the last cache drop): fast whatever the disk is, so
+    promotion_seconds says nothing about the disk for them."""
 
     @property
     def promotion_seconds(self) -> float:
@@ -105,6 +109,9 @@ class StoreStats:
     checksum_failures: int
     io_errors: int
     load_failures: int
+    dropped_unwritten: int
+    """L1 victims dropped without an L2 copy because L2 writes were behind
+    (l1_overflow='drop_unwritten')."""
     inflight_io: int
     recovered_blocks: int
     recovery_discarded: int

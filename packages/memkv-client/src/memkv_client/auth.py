@@ -1,23 +1,50 @@
-"""Request signing: HMAC-SHA256 with a shared 32-byte key, plus a replay guard.
+"""Frame authentication: HMAC-SHA256 keys, per-connection session keys, value digests,
+the clock window, and the per-user key file used when no key is configured.
 
-The MAC covers the 32-byte header (which carries the timestamp and request id) and the
-metadata; bulk value bytes are not covered (see the protocol document for why).
+Every connection starts with HELLO. The client sends a random nonce; the server answers
+with its boot nonce (random per start) and a connection nonce (random per connection),
+signed with a key bound to the client's nonce. Both sides then sign every later frame
+with ``session = HMAC(key, "memkv-v2 session" || client_nonce || boot_nonce ||
+conn_nonce)``, so a frame recorded on one connection, server or boot verifies nowhere
+else. See ``docs/memkv-protocol.md`` ("Threat model") for every check.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
-import threading
+import secrets
+import stat
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from .protocol import MAC_SIZE, Status
 
+__all__ = [
+    "KEY_SIZE",
+    "ClockWindow",
+    "Signer",
+    "check_key",
+    "parse_key",
+    "user_key",
+    "user_key_path",
+    "value_digest",
+]
+
 KEY_SIZE = 32
-DEFAULT_REPLAY_WINDOW_NS = 30 * 1_000_000_000
+DEFAULT_CLOCK_WINDOW_NS = 30 * 1_000_000_000
+
+
+def check_key(key: bytes) -> bytes:
+    """``key`` if it is usable: exactly 32 bytes and not all zero; else ValueError."""
+    if len(key) != KEY_SIZE:
+        raise ValueError(f"must be {KEY_SIZE} bytes ({2 * KEY_SIZE} hex digits), got {len(key)}")
+    if not any(key):
+        raise ValueError("an all-zero key is refused: generate one with `openssl rand -hex 32`")
+    return key
 
 
 def parse_key(text: str) -> bytes:
@@ -26,32 +53,97 @@ def parse_key(text: str) -> bytes:
     if len(text) != 2 * KEY_SIZE:
         raise ValueError(f"must be {2 * KEY_SIZE} hex digits (got {len(text)} characters)")
     try:
-        return bytes.fromhex(text)
-    except ValueError:
+        return check_key(bytes.fromhex(text))
+    except ValueError as exc:
+        if "key" in str(exc):
+            raise
         raise ValueError("must be hex digits only") from None
 
 
-def dev_key(home: str | None = None) -> bytes:
-    """The deterministic development key used when no key is configured (loopback only).
+def user_key_path(env: Mapping[str, str] | None = None) -> Path:
+    """``MEMKV_AUTH_KEY_FILE``, else ``$XDG_CONFIG_HOME/memkv/auth.key`` (``~/.config``)."""
+    env = os.environ if env is None else env
+    if env.get("MEMKV_AUTH_KEY_FILE"):
+        return Path(env["MEMKV_AUTH_KEY_FILE"])
+    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "memkv" / "auth.key"
 
-    Derived from ``$HOME`` so a client and a server run by the same user agree.
+
+def user_key(path: Path) -> bytes:
+    """The key in ``path``, created (random, mode 0600) if it does not exist yet.
+
+    Used when no key is configured and every address is loopback: a client and a server
+    run by the same user agree, and other users cannot read it. Creation is atomic (a
+    hard link of a finished temporary file), so concurrent first users agree. Raises
+    ValueError if the file is readable by others, not owned by this user, or malformed.
     """
-    home = home if home is not None else os.environ.get("HOME", "/")
-    return hashlib.sha256(b"memkv-dev-key\x00" + home.encode()).digest()
+    if not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, (secrets.token_hex(KEY_SIZE) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(FileExistsError):  # another process won the race
+            os.link(tmp, path)
+        tmp.unlink()
+    st = path.stat()
+    if st.st_uid != os.getuid():
+        raise ValueError(f"{path}: owned by uid {st.st_uid}, not by this user")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise ValueError(f"{path}: mode {stat.S_IMODE(st.st_mode):o} lets others read it; use 0600")
+    try:
+        return parse_key(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def value_digest(views: Sequence[memoryview | bytes]) -> bytes:
+    """SHA-256 of a value held in one or more buffers (the GIL is released while hashing)."""
+    h = hashlib.sha256()
+    for v in views:
+        h.update(v)
+    return h.digest()
 
 
 class Signer:
-    """Computes and checks frame MACs."""
+    """Computes and checks frame MACs under one key."""
 
     __slots__ = ("_key",)
 
     def __init__(self, key: bytes) -> None:
-        if len(key) != KEY_SIZE:
-            raise ValueError(f"auth key must be {KEY_SIZE} bytes")
-        self._key = key
+        try:
+            self._key = check_key(key)
+        except ValueError as exc:
+            raise ValueError(f"auth key: {exc}") from None
+
+    def derive(self, label: bytes, *parts: bytes) -> Signer:
+        """A signer whose key is ``HMAC(key, label || parts...)`` (HELLO replies, sessions)."""
+        h = hmac.new(self._key, label, hashlib.sha256)
+        for part in parts:
+            h.update(part)
+        return Signer(h.digest())
+
+    def session(self, client_nonce: bytes, boot_nonce: bytes, conn_nonce: bytes) -> Signer:
+        """The signer for every frame after HELLO on one connection."""
+        return self.derive(b"memkv-v2 session", client_nonce, boot_nonce, conn_nonce)
+
+    def hello_reply(self, client_nonce: bytes) -> Signer:
+        """The signer of HELLO replies: bound to the client's nonce, so they are fresh."""
+        return self.derive(b"memkv-v2 hello", client_nonce)
+
+    def start(self, header: bytes) -> hmac.HMAC:
+        """An HMAC fed with ``header``; feed the metadata as it arrives, then :meth:`check`."""
+        return hmac.new(self._key, header, hashlib.sha256)
+
+    @staticmethod
+    def check(h: hmac.HMAC, mac: bytes) -> bool:
+        return len(mac) == MAC_SIZE and hmac.compare_digest(h.digest(), mac)
 
     def sign(self, header: bytes, meta: bytes | bytearray | memoryview) -> bytes:
-        h = hmac.new(self._key, header, hashlib.sha256)
+        h = self.start(header)
         h.update(meta)
         return h.digest()
 
@@ -59,45 +151,21 @@ class Signer:
         return len(mac) == MAC_SIZE and hmac.compare_digest(self.sign(header, meta), mac)
 
 
-class ReplayGuard:
-    """Rejects requests outside ``±window`` of the server clock and exact replays.
+class ClockWindow:
+    """Rejects requests whose timestamp is more than ``window_ns`` from the server clock.
 
-    A MAC seen before is a replay. A request is accepted only while its timestamp is
-    within ``window`` of the server's clock, so a copy can arrive at most ``2 x window``
-    after the original: each seen MAC is remembered for that long, in arrival order,
-    and expired in amortised O(1). At most ``max_entries`` are kept; when full (a flood
-    within one window) new requests are refused rather than letting memory grow.
-    Thread-safe.
+    Stateless: replays are stopped by per-connection session keys and request ids that
+    must increase by one, so no memory of past requests is kept.
     """
 
     def __init__(
-        self,
-        window_ns: int = DEFAULT_REPLAY_WINDOW_NS,
-        clock: Callable[[], int] = time.time_ns,
-        max_entries: int = 1_000_000,
+        self, window_ns: int = DEFAULT_CLOCK_WINDOW_NS, clock: Callable[[], int] = time.time_ns
     ) -> None:
         self.window_ns = window_ns
         self._clock = clock
-        self._max = max_entries
-        self._seen: set[bytes] = set()
-        self._order: deque[tuple[int, bytes]] = deque()
-        self._lock = threading.Lock()
 
-    def check(self, timestamp_ns: int, mac: bytes) -> Status:
-        """Return OK, CLOCK_DRIFT or REPLAY, and remember the MAC when OK."""
-        now = self._clock()
-        if abs(now - timestamp_ns) > self.window_ns:
+    def check(self, timestamp_ns: int) -> Status:
+        """OK, or CLOCK_DRIFT."""
+        if abs(self._clock() - timestamp_ns) > self.window_ns:
             return Status.CLOCK_DRIFT
-        tag = mac[:16]
-        with self._lock:
-            cutoff = now - 2 * self.window_ns
-            while self._order and self._order[0][0] < cutoff:
-                self._seen.discard(self._order.popleft()[1])
-            if tag in self._seen or len(self._seen) >= self._max:
-                return Status.REPLAY
-            self._seen.add(tag)
-            self._order.append((now, tag))
         return Status.OK
-
-    def __len__(self) -> int:
-        return len(self._seen)

@@ -8,7 +8,7 @@ from typing import Any
 from .errors import KeyTooLongError, LocalProtocolError
 from .protocol import MAX_KEY_LEN
 
-__all__ = ["as_key", "as_view"]
+__all__ = ["as_key", "as_tuples", "as_view", "check_count"]
 
 BufferOrAddress = Any  # a Python buffer (memoryview, bytearray, numpy array, ...) or an int
 
@@ -31,6 +31,28 @@ def as_key(key: bytes | str) -> bytes:
     return data
 
 
+def check_count(name: str, value: Any, where: str) -> int:
+    """``value`` if it is an ``int`` in ``[0, 2**64)``; else :class:`LocalProtocolError`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64:
+        raise LocalProtocolError(f"{where}: invalid {name} {value!r}: use an int in [0, 2**64)")
+    return value
+
+
+def as_tuples(items: Any, arity: int, shape: str, where: str) -> list[tuple[Any, ...]]:
+    """The items of a batch call as tuples of ``arity`` fields (``shape`` names them);
+    anything else raises :class:`LocalProtocolError` instead of a bare TypeError."""
+    try:
+        out = [tuple(item) for item in items]
+    except TypeError:
+        raise LocalProtocolError(f"{where}: pass an iterable of {shape} tuples") from None
+    for item in out:
+        if len(item) != arity:
+            raise LocalProtocolError(
+                f"{where}: item {item!r:.80} has {len(item)} fields; expected {shape}"
+            )
+    return out
+
+
 def as_view(buf: BufferOrAddress, length: int, *, writable: bool) -> memoryview:
     """A byte memoryview of exactly ``length`` bytes over ``buf``.
 
@@ -38,11 +60,10 @@ def as_view(buf: BufferOrAddress, length: int, *, writable: bool) -> memoryview:
     bytes, or an ``int`` address of host memory that the caller keeps alive (and
     writable, for reads) for the duration of the call.
     """
-    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-        raise LocalProtocolError(f"invalid length {length!r}: use a non-negative int")
+    check_count("length", length, "buffer")
     if isinstance(buf, int) and not isinstance(buf, bool):
-        if buf <= 0:
-            raise LocalProtocolError(f"invalid address {buf:#x}")
+        if not 0 < buf < 1 << 64 or buf + length > 1 << 64:
+            raise LocalProtocolError(f"invalid address {buf:#x} (length {length})")
         if length == 0:
             return memoryview(b"") if not writable else memoryview(bytearray())
         return memoryview((ctypes.c_char * length).from_address(buf)).cast("B")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ._version import __version__
 from .errors import MemKVError
 
 __all__ = ["main"]
@@ -53,8 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .server import add_serve_arguments, serve
 
     ap = argparse.ArgumentParser(prog="memkv", description="MemKV server and tools.")
+    ap.add_argument("--version", action="version", version=f"memkv {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
-    sp = sub.add_parser("serve", help="run a server node")
+    sp = sub.add_parser(
+        "serve", help="run a server node", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     add_serve_arguments(sp)
     sp.set_defaults(func=serve)
     st = sub.add_parser("stats", help="print statistics of live servers")
@@ -67,7 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     topo.add_argument("--sysfs", default="/sys", help=argparse.SUPPRESS)
     topo.set_defaults(func=_topo)
     args = ap.parse_args(argv)
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. `memkv stats --json | head`: the reader left early
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 1
     return result
 
 

@@ -17,9 +17,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from . import protocol as p
-from .auth import Signer, dev_key
-from .buffers import BufferOrAddress, as_key, as_view
-from .config import Config, Transport, is_loopback, load_config, parse_address
+from .auth import Signer, user_key, user_key_path
+from .buffers import BufferOrAddress, as_key, as_tuples, as_view, check_count
+from .config import Config, Transport, load_config
 from .errors import (
     ConfigError,
     LocalProtocolError,
@@ -35,6 +35,7 @@ from .protocol import Status
 from .results import ItemResult, ResultKind, result_from_status
 from .routing import Router
 from .session import TcpSession
+from .sockio import is_loopback, parse_address
 
 __all__ = ["Client"]
 
@@ -78,7 +79,12 @@ class Client:
                 raise ConfigError(
                     "auth_key", "required when any server is not on loopback (MEMKV_AUTH_KEY)"
                 )
-            key = dev_key()
+            try:
+                key = user_key(user_key_path())
+            except (OSError, ValueError) as exc:
+                raise ConfigError(
+                    "auth_key", f"no key configured and the user key: {exc}"
+                ) from None
         self._signer = Signer(key)
         self._router = Router(config.servers)
         self._no_rdma = "transport=tcp"  # why there is no RDMA engine (for batch_xfer)
@@ -249,7 +255,7 @@ class Client:
     def exists(self, keys: Iterable[bytes | str]) -> list[bool]:
         """Which keys are present, in input order. Keys on unreachable servers read False."""
         self._check_open()
-        kb = [as_key(k) for k in keys]
+        kb = _as_keys(keys, "exists")
         out = [False] * len(kb)
         tasks: list[Callable[[], tuple[list[int], list[bool] | MemKVError, str]]] = []
         for server, positions in self._router.group(kb).items():
@@ -282,7 +288,7 @@ class Client:
         """Ask one server directly (bypasses HRW); raises on any error."""
         self._check_open()
         pool = self._pools[self._server_index(server)]
-        kb = [as_key(k) for k in keys]
+        kb = _as_keys(keys, "exists_on")
         out: list[bool] = []
         for start in range(0, len(kb), self.config.max_batch_size):
             part = kb[start : start + self.config.max_batch_size]
@@ -301,9 +307,9 @@ class Client:
         """
         keys: list[bytes] = []
         views: list[memoryview] = []
-        for key, buf, length in items:
+        for key, buf, length in as_tuples(items, 3, "(key, buffer_or_address, length)", "put"):
             k = as_key(key)
-            self._check_value_len(length, k)
+            self._check_value_len(check_count("length", length, f"key {k[:40]!r}"), k)
             keys.append(k)
             views.append(as_view(buf, length, writable=False))
 
@@ -321,7 +327,7 @@ class Client:
         """
         keys: list[bytes] = []
         views: list[memoryview] = []
-        for key, buf, length in items:
+        for key, buf, length in as_tuples(items, 3, "(key, buffer_or_address, length)", "get"):
             k = as_key(key)
             keys.append(k)
             views.append(as_view(buf, length, writable=True))
@@ -352,13 +358,11 @@ class Client:
         """
         keys: list[bytes] = []
         wire: list[tuple[bytes, int, int, int]] = []
-        for key, addr, length, offset in items:
+        shape = "(key, address, length, value_offset)"
+        for key, addr, length, offset in as_tuples(items, 4, shape, "batch_xfer"):
             k = as_key(key)
             for name, v in (("address", addr), ("length", length), ("value_offset", offset)):
-                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                    raise LocalProtocolError(
-                        f"batch_xfer: invalid {name} {v!r} for key {k[:40]!r}: use an int >= 0"
-                    )
+                check_count(name, v, f"batch_xfer: key {k[:40]!r}")
             self._check_value_len(offset + length, k)
             keys.append(k)
             wire.append((k, addr, length, offset))
@@ -458,11 +462,20 @@ class Client:
 
     def register_region(self, addr: int, length: int) -> None:
         """Declare host memory that will be used as a source/target (RDMA registers it)."""
+        check_count("address", addr, "register_region")
+        check_count("length", length, "register_region")
         if self._rdma is not None:
             self._rdma.register_region(addr, length)
 
-    def deregister_region(self, addr: int) -> None:
-        """Forget a region registered with :meth:`register_region`; call before freeing it."""
+    def deregister_region(self, addr: int, length: int | None = None) -> None:
+        """Forget a region registered with :meth:`register_region`; call before freeing it.
+
+        ``length`` is accepted for the vendor's ``deregister_region(addr, length)`` form;
+        the region is identified by ``addr``.
+        """
+        check_count("address", addr, "deregister_region")
+        if length is not None:
+            check_count("length", length, "deregister_region")
         if self._rdma is not None:
             self._rdma.deregister_region(addr)
 
@@ -501,3 +514,12 @@ class Client:
         if name in Status.__members__:
             status = Status[name]
         raise error_from_status(status, r.cause)
+
+
+def _as_keys(keys: Iterable[bytes | str], where: str) -> list[bytes]:
+    if isinstance(keys, bytes | str):
+        raise LocalProtocolError(f"{where}: pass a list of keys, not one key {keys[:40]!r}")
+    try:
+        return [as_key(k) for k in keys]
+    except TypeError:
+        raise LocalProtocolError(f"{where}: pass an iterable of keys (bytes or str)") from None

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .auth import parse_key
+from .auth import check_key, parse_key
 from .errors import ConfigError
+from .sockio import parse_address
 
-__all__ = ["Config", "Transport", "load_config", "parse_address"]
+__all__ = ["Config", "Transport", "load_config"]
 
 
 class Transport(enum.Enum):
@@ -46,8 +46,9 @@ class Config:
     """Accepted for compatibility; this client keeps no local value cache."""
     connect_timeout_ms: int = 5000
     """Deadline for TCP connect plus the HELLO exchange."""
-    request_timeout_ms: int = 30000
-    """Deadline for any single socket operation during a request."""
+    request_timeout_ms: int = 5000
+    """Deadline for any single socket wait during a request (sends get this plus 1 s per
+    16 MiB); after a timeout the server is skipped (fail fast) for this long."""
     gid_index: int = 0
     traffic_class: int = 0
     service_level: int = 0
@@ -61,7 +62,8 @@ class Config:
     license: str | None = None
     """Ignored: the open client has no licence check."""
     auth_key: bytes | None = field(default=None, repr=False)
-    """32-byte shared HMAC key (64 hex digits). ``None`` uses the dev key on loopback."""
+    """32-byte shared HMAC key (64 hex digits, not all zero). ``None``: on loopback, the
+    per-user key file (``MEMKV_AUTH_KEY_FILE``, default ``~/.config/memkv/auth.key``)."""
     transport: Transport = Transport.AUTO
     max_batch_size: int = 64
     """Items per request; larger batches are split and sent concurrently."""
@@ -100,31 +102,6 @@ _MTUS = (256, 512, 1024, 2048, 4096)
 def env_name(name: str) -> str:
     """The environment variable that sets ``name``."""
     return _ENV_NAMES.get(name, "MEMKV_" + name.upper())
-
-
-def parse_address(text: str, allow_port_zero: bool = False) -> tuple[str, int]:
-    """Split ``host:port`` (IPv6 as ``[addr]:port``); raises ValueError."""
-    host, sep, port_s = text.strip().rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{text!r} is not host:port")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        port = int(port_s)
-    except ValueError:
-        raise ValueError(f"{text!r}: port {port_s!r} is not a number") from None
-    if not (0 if allow_port_zero else 1) <= port < 65536:
-        raise ValueError(f"{text!r}: port {port} out of range 1..65535")
-    return host, port
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -169,8 +146,8 @@ def _convert(name: str, value: Any) -> Any:
     if name == "auth_key":
         if value is None:
             return None
-        if isinstance(value, bytes) and len(value) == 32:
-            return value
+        if isinstance(value, bytes):
+            return check_key(value)
         return parse_key(str(value))
     if name == "license":
         return None if value is None else str(value)

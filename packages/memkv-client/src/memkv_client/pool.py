@@ -42,6 +42,8 @@ class ServerPool(Generic[S]):
 
     After a failed connect, new connects fail fast until the backoff has passed, so a
     dead server costs one connect attempt per backoff period rather than one per call.
+    After a request times out, connects fail fast for ``wait_timeout`` seconds, so a hung
+    (e.g. SIGSTOPped) server costs a batch at most one request timeout.
     """
 
     def __init__(
@@ -65,6 +67,15 @@ class ServerPool(Generic[S]):
         self._down_until = 0.0
         self._last_error = ""
         self._closed = False
+
+    def _hung(self, exc: MemKVTimeout) -> None:
+        """A request timed out: the server is hung or overloaded. Fail fast for one
+        request timeout (``wait_timeout``) instead of making every caller wait it out,
+        and drop the idle sessions, which lead to the same server."""
+        with self._lock:
+            self._down_until = max(self._down_until, self._clock() + self._wait)
+            self._last_error = str(exc)
+        self.drop_idle()
 
     def _connect(self) -> S:
         with self._lock:
@@ -97,8 +108,11 @@ class ServerPool(Generic[S]):
                 result = fn(session)
             except TransportError as exc:
                 self._discard(session)
-                if not reused or isinstance(exc, MemKVTimeout):
-                    raise  # a stale pooled connection fails fast; a timeout is the server
+                if isinstance(exc, MemKVTimeout):
+                    self._hung(exc)
+                    raise
+                if not reused:
+                    raise  # a stale pooled connection fails fast
                 self.drop_idle()  # its siblings are likely stale too (server restarted)
                 session = self._connect()
                 try:

@@ -5,7 +5,9 @@ specification. Every frame is::
 
     header (32 bytes) | mac (32 bytes) | meta (meta_len bytes) | bulk (bulk_len bytes)
 
-All integers are little-endian. The MAC is HMAC-SHA256 over ``header || meta``.
+All integers are little-endian. The MAC is HMAC-SHA256 over ``header || meta`` with a
+per-connection session key (see :mod:`.auth`); value bytes are covered by SHA-256
+digests inside ``meta``.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 MAGIC = b"MK"
-VERSION = 1
-MIN_VERSION = 1
-MAX_VERSION = 1
+VERSION = 2
+MIN_VERSION = 2
+MAX_VERSION = 2
 
 HEADER = struct.Struct("<2sBBHHIQIQ")
 HEADER_SIZE = HEADER.size  # 32
@@ -34,6 +36,10 @@ HELLO_XFER = 0x02  #: HELLO reply flags: the server implements RDMA_XFER
 MAX_KEY_LEN = 512
 MAX_BATCH_ITEMS = 1024
 MAX_META_LEN = 1 << 20
+PREAUTH_MAX_META_LEN = 1024  #: largest meta a server reads before a verified HELLO
+NONCE_SIZE = 16
+DIGEST_SIZE = 32  #: SHA-256 of a value, carried in PUT requests and GET replies
+NO_DIGEST = bytes(DIGEST_SIZE)
 DEFAULT_MAX_VALUE_LEN = 1 << 30
 DEFAULT_MAX_BULK_LEN = 1 << 32
 
@@ -43,8 +49,10 @@ _U64 = struct.Struct("<Q")
 _STATUS_LEN = struct.Struct("<BQ")
 _ADDR_RKEY = struct.Struct("<QQI")  # length, remote address, rkey
 _XFER_ITEM = struct.Struct("<QQQI")  # value offset, length, remote address, rkey
-_HELLO_REQ = struct.Struct("<BB")
-_HELLO_RESP = struct.Struct("<BHIIQQB")
+_HELLO_REQ = struct.Struct(f"<BB{NONCE_SIZE}s")
+_HELLO_RESP = struct.Struct(f"<BHIIQQB{NONCE_SIZE}s{NONCE_SIZE}sI")
+_KEY_LEN = struct.Struct("<Q")
+_STATUS_LEN_DIGEST = struct.Struct(f"<BQ{DIGEST_SIZE}s")
 
 
 class Op(enum.IntEnum):
@@ -137,16 +145,32 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
     return Header(version, op, status, flags, rid, ts, meta_len, bulk_len)
 
 
-def check_request_header(h: Header, max_bulk_len: int) -> Op:
-    """Validate a request header against this implementation's limits; return its opcode."""
+def check_request_header(h: Header, max_bulk_len: int, authenticated: bool = True) -> Op:
+    """Validate a request header against this implementation's limits; return its opcode.
+
+    Before the connection's HELLO has verified (``authenticated=False``) only a HELLO of
+    at most :data:`PREAUTH_MAX_META_LEN` metadata bytes is accepted.
+    """
     if not MIN_VERSION <= h.version <= MAX_VERSION:
-        raise FrameError(Status.UNSUPPORTED_VERSION, f"unsupported version {h.version}")
+        raise FrameError(
+            Status.UNSUPPORTED_VERSION,
+            f"unsupported version {h.version}; this server speaks {MIN_VERSION}..{MAX_VERSION}",
+        )
     if h.flags & ~KNOWN_FLAGS or h.is_response:
         raise FrameError(Status.INVALID_REQUEST, f"invalid flags {h.flags:#x}")
     try:
         op = Op(h.op)
     except ValueError:
         raise FrameError(Status.INVALID_OPCODE, f"invalid opcode {h.op:#x}") from None
+    if not authenticated:
+        if op is not Op.HELLO:
+            raise FrameError(Status.INVALID_REQUEST, f"{op.name} before HELLO")
+        if h.meta_len > PREAUTH_MAX_META_LEN:
+            raise FrameError(
+                Status.PAYLOAD_TOO_LARGE, f"HELLO meta_len {h.meta_len} > {PREAUTH_MAX_META_LEN}"
+            )
+    elif op is Op.HELLO:
+        raise FrameError(Status.INVALID_REQUEST, "second HELLO on one connection")
     if h.meta_len > MAX_META_LEN:
         raise FrameError(Status.PAYLOAD_TOO_LARGE, f"meta_len {h.meta_len} > {MAX_META_LEN}")
     if h.bulk_len > max_bulk_len:
@@ -221,15 +245,19 @@ def _key(k: bytes) -> bytes:
 # --- per-opcode metadata (requests) ----------------------------------------------------
 
 
-def encode_hello(min_version: int = MIN_VERSION, max_version: int = MAX_VERSION) -> bytes:
-    return _HELLO_REQ.pack(min_version, max_version)
+def encode_hello(
+    client_nonce: bytes, min_version: int = MIN_VERSION, max_version: int = MAX_VERSION
+) -> bytes:
+    """HELLO request: ``u8 min_version, u8 max_version, 16-byte client nonce``."""
+    return _HELLO_REQ.pack(min_version, max_version, client_nonce)
 
 
-def decode_hello(meta: bytes) -> tuple[int, int]:
-    r = Reader(meta)
-    lo, hi = r.u8(), r.u8()
-    r.rest()  # room for future fields
-    return lo, hi
+def decode_hello(meta: bytes) -> tuple[int, int, bytes]:
+    """``(min_version, max_version, client_nonce)``; later bytes are room for future fields."""
+    if len(meta) < _HELLO_REQ.size:
+        raise FrameError(Status.MESSAGE_TOO_SHORT, "HELLO needs versions and a client nonce")
+    lo, hi, nonce = _HELLO_REQ.unpack_from(meta)
+    return lo, hi, bytes(nonce)
 
 
 def encode_keys(keys: Sequence[bytes]) -> bytes:
@@ -256,6 +284,23 @@ def encode_key_lengths(items: Sequence[tuple[bytes, int]]) -> bytes:
 def decode_key_lengths(meta: bytes, limit: int = MAX_BATCH_ITEMS) -> list[tuple[bytes, int]]:
     r = Reader(meta)
     out = [(r.key(), r.u64()) for _ in range(r.count(limit))]
+    r.end()
+    return out
+
+
+def encode_put_items(items: Sequence[tuple[bytes, int, bytes]]) -> bytes:
+    """PUT requests: ``u32 count, count x (key, u64 length, 32-byte SHA-256 of the value)``."""
+    parts = [_U32.pack(len(items))]
+    for k, n, digest in items:
+        parts.append(_key(k))
+        parts.append(_KEY_LEN.pack(n))
+        parts.append(digest)
+    return b"".join(parts)
+
+
+def decode_put_items(meta: bytes, limit: int = MAX_BATCH_ITEMS) -> list[tuple[bytes, int, bytes]]:
+    r = Reader(meta)
+    out = [(r.key(), r.u64(), r.raw(DIGEST_SIZE)) for _ in range(r.count(limit))]
     r.end()
     return out
 
@@ -350,6 +395,9 @@ class ServerInfo:
     rdma: bool
     server_id: str
     xfer: bool = False  #: RDMA_XFER is implemented (HELLO flag bit 1)
+    boot_nonce: bytes = bytes(NONCE_SIZE)  #: random per server start
+    conn_nonce: bytes = bytes(NONCE_SIZE)  #: random per connection
+    idle_timeout_ms: int = 0  #: the server closes connections idle this long (0: never)
 
 
 def encode_hello_reply(info: ServerInfo) -> bytes:
@@ -362,6 +410,9 @@ def encode_hello_reply(info: ServerInfo) -> bytes:
             info.max_value_len,
             info.max_bulk_len,
             (HELLO_RDMA if info.rdma else 0) | (HELLO_XFER if info.xfer else 0),
+            info.boot_nonce,
+            info.conn_nonce,
+            info.idle_timeout_ms,
         )
         + info.server_id.encode()
     )
@@ -370,11 +421,12 @@ def encode_hello_reply(info: ServerInfo) -> bytes:
 def decode_hello_reply(meta: bytes) -> ServerInfo:
     if len(meta) < _HELLO_RESP.size:
         raise FrameError(Status.MESSAGE_TOO_SHORT, "HELLO reply truncated")
-    v, klen, batch, mlen, vlen, blen, flags = _HELLO_RESP.unpack_from(meta)
+    v, klen, batch, mlen, vlen, blen, flags, boot, conn, idle = _HELLO_RESP.unpack_from(meta)
     sid = bytes(meta[_HELLO_RESP.size :]).decode(errors="replace")
     return ServerInfo(
-        v, klen, batch, mlen, vlen, blen, bool(flags & HELLO_RDMA), sid, bool(flags & HELLO_XFER)
-    )
+        v, klen, batch, mlen, vlen, blen, bool(flags & HELLO_RDMA), sid,
+        bool(flags & HELLO_XFER), bytes(boot), bytes(conn), idle,
+    )  # fmt: skip
 
 
 def encode_flags(values: Sequence[int]) -> bytes:
@@ -403,6 +455,22 @@ def decode_status_lengths(meta: bytes, expect: int) -> list[tuple[int, int]]:
     if n != expect:
         raise FrameError(Status.INVALID_REQUEST, f"reply has {n} items, expected {expect}")
     out = [(r.u8(), r.u64()) for _ in range(n)]
+    r.end()
+    return out
+
+
+def encode_get_reply(items: Sequence[tuple[int, int, bytes]]) -> bytes:
+    """GET replies: ``u32 count, count x (u8 status, u64 length, 32-byte SHA-256)``; the
+    digest is the stored value's for ``OK`` items and zeros otherwise."""
+    return _U32.pack(len(items)) + b"".join(_STATUS_LEN_DIGEST.pack(*i) for i in items)
+
+
+def decode_get_reply(meta: bytes, expect: int) -> list[tuple[int, int, bytes]]:
+    r = Reader(meta)
+    n = r.u32()
+    if n != expect:
+        raise FrameError(Status.INVALID_REQUEST, f"reply has {n} items, expected {expect}")
+    out = [(r.u8(), r.u64(), r.raw(DIGEST_SIZE)) for _ in range(n)]
     r.end()
     return out
 

@@ -9,17 +9,13 @@ replies with per-item statuses. Memory inside a region given to ``register_regio
 used in place; other buffers go through a staging slot (one copy); values that fit no
 slot go over TCP.
 
-Server side: :class:`RdmaResponder` registers the store's block arena once;
-:class:`RdmaPeer` serves one connection's queue pair.
+The server side (``RdmaResponder``/``RdmaPeer``) lives in :mod:`.server.rdma`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import itertools
 import logging
-import mmap
-import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -28,14 +24,12 @@ from . import protocol as p
 from .config import Config, Transport
 from .errors import LocalProtocolError, MemKVError, RdmaUnavailableError, TransportError
 from .protocol import Op, Status
-from .server.storage import BLOCK_SIZE, Entry, Reservation, Store
 from .session import TcpSession
-from .verbs import MemoryRegion, QueuePair, VerbsBackend, open_verbs_backend
+from .verbs import MemoryRegion, PinnedBuffer, QueuePair, VerbsBackend, open_verbs_backend
 
-__all__ = ["RdmaEngine", "RdmaPeer", "RdmaResponder", "RdmaSession", "open_verbs_backend_for"]
+__all__ = ["RdmaEngine", "RdmaSession", "open_verbs_backend_for"]
 
 log = logging.getLogger("memkv_client")
-_wr_ids = itertools.count(1)
 
 
 def open_verbs_backend_for(config: Config) -> tuple[VerbsBackend | None, str]:
@@ -62,24 +56,6 @@ def view_address(view: memoryview) -> int | None:
     return addr
 
 
-class _Pinned:
-    """An anonymous mapping registered with the backend (staging or bounce memory)."""
-
-    def __init__(self, backend: VerbsBackend, size: int) -> None:
-        self._map = mmap.mmap(-1, size)
-        self.view = memoryview(self._map)
-        anchor = ctypes.c_char.from_buffer(self._map)
-        self.addr = ctypes.addressof(anchor)
-        del anchor
-        self.mr = backend.register(self.addr, size)
-        self._backend = backend
-
-    def close(self) -> None:
-        self._backend.deregister(self.mr)
-        self.view.release()
-        self._map.close()
-
-
 class RdmaEngine:
     """Client-side RDMA state shared by all sessions of one :class:`Client`. Thread-safe."""
 
@@ -91,7 +67,7 @@ class RdmaEngine:
         self._lock = threading.Lock()
         self.slot_size = config.staging_slot_mb << 20
         nslots = max(1, config.staging_size_mb // config.staging_slot_mb)
-        self._staging = _Pinned(backend, nslots * self.slot_size)
+        self._staging = PinnedBuffer(backend, nslots * self.slot_size)
         self._free_slots = list(range(nslots))
         self._warned: set[str] = set()
 
@@ -313,218 +289,3 @@ class RdmaSession:
     def close(self) -> None:
         self.qp.close()
         self.tcp.close()
-
-
-# --- server side --------------------------------------------------------------------
-
-
-class RdmaResponder:
-    """Server-side RDMA: the store's arena registered once; a peer per connection."""
-
-    def __init__(self, backend: VerbsBackend, store: Store, timeout: float = 10.0) -> None:
-        self.backend = backend
-        self.store = store
-        self.timeout = timeout
-        arena = store.arena
-        self.arena_mr = backend.register(arena.base, arena.nblocks * BLOCK_SIZE)
-
-    def accept(self, endpoint: bytes) -> tuple[RdmaPeer, bytes]:
-        qp = self.backend.create_qp()
-        try:
-            qp.connect(endpoint)
-        except Exception as exc:
-            qp.close()
-            raise p.FrameError(Status.INVALID_REQUEST, f"RDMA connect failed: {exc}") from None
-        return RdmaPeer(self, qp), qp.endpoint()
-
-    def close(self) -> None:
-        self.backend.deregister(self.arena_mr)
-        self.backend.close()
-
-
-class RdmaPeer:
-    """One connection's queue pair: serves RDMA_PUT / RDMA_GET with one-sided verbs."""
-
-    BOUNCE = 1 << 20
-
-    def __init__(self, responder: RdmaResponder, qp: QueuePair) -> None:
-        self.r = responder
-        self.qp = qp
-        self._bounce: _Pinned | None = None
-
-    @property
-    def bounce(self) -> _Pinned:
-        if self._bounce is None:
-            self._bounce = _Pinned(self.r.backend, self.BOUNCE)
-        return self._bounce
-
-    def _segments(self, e: Entry, offset: int = 0, n: int | None = None) -> list[tuple[int, int]]:
-        """(local address, length) of bytes ``[offset, +n)`` of an in-arena entry."""
-        base = self.r.store.arena.base
-        pos = offset
-        end = e.length if n is None else offset + n
-        segs = []
-        while pos < end:
-            inner = pos % BLOCK_SIZE
-            k = min(BLOCK_SIZE - inner, end - pos)
-            segs.append((base + e.blocks[pos // BLOCK_SIZE] * BLOCK_SIZE + inner, k))
-            pos += k
-        return segs
-
-    WINDOW = 128  # work requests in flight per queue pair (well below its depth)
-
-    def _run(self, posts: list[tuple[bool, MemoryRegion, int, int, int, int]]) -> bool:
-        """Post (is_write, mr, addr, n, raddr, rkey) requests in windows; True if all ok."""
-        for start in range(0, len(posts), self.WINDOW):
-            ids = []
-            for is_write, mr, addr, n, raddr, rkey in posts[start : start + self.WINDOW]:
-                wr = next(_wr_ids)
-                ids.append(wr)
-                post = self.qp.post_write if is_write else self.qp.post_read
-                post(wr, mr, addr, n, raddr, rkey)
-            done = self.qp.wait(ids, self.r.timeout)
-            if len(done) != len(ids) or not all(c.ok for c in done):
-                return False
-        return True
-
-    def serve_put(self, store: Store, items: list[tuple[bytes, int, int, int]]) -> list[int]:
-        codes: list[int] = []
-        for key, n, raddr, rkey in items:
-            res = store.reserve(key, n)
-            if not isinstance(res, Reservation):
-                codes.append(res)
-                continue
-            try:
-                ok = self._read_range(res, 0, n, raddr, rkey)
-            except BaseException:
-                store.abort(res)
-                raise
-            if ok:
-                store.commit(res)
-                codes.append(Status.OK)
-            else:
-                store.abort(res)
-                codes.append(Status.TRANSFER_FAILED)
-        return codes
-
-    def serve_get(
-        self, store: Store, items: list[tuple[bytes, int, int, int]]
-    ) -> list[tuple[int, int]]:
-        out: list[tuple[int, int]] = []
-        for key, n, raddr, rkey in items:
-            e = store.pin(key)
-            if e is None:
-                out.append((Status.NOT_FOUND, 0))
-                continue
-            try:
-                if e.length != n:
-                    out.append((Status.SIZE_MISMATCH, e.length))
-                    continue
-                ok = self._write_entry(store, e, raddr, rkey)
-                out.append((Status.OK, n) if ok else (Status.TRANSFER_FAILED, n))
-            finally:
-                store.unpin(e)
-        return out
-
-    def _write_entry(self, store: Store, e: Entry, raddr: int, rkey: int) -> bool:
-        return self._write_range(store, e, 0, e.length, raddr, rkey)
-
-    def _write_range(
-        self, store: Store, e: Entry, offset: int, n: int, raddr: int, rkey: int
-    ) -> bool:
-        """RDMA WRITE bytes ``[offset, +n)`` of a pinned entry to ``raddr``."""
-        if n == 0:
-            return True
-        if e.path is None and e.small is None:
-            posts, off = [], 0
-            for addr, seg in self._segments(e, offset, n):
-                posts.append((True, self.r.arena_mr, addr, seg, raddr + off, rkey))
-                off += seg
-            return self._run(posts)
-        b = self.bounce
-        if e.small is not None:
-            b.view[:n] = e.small[offset : offset + n]
-            return self._run([(True, b.mr, b.addr, n, raddr, rkey)])
-        fd = store.open_spilled(e)
-        try:
-            off = 0
-            while off < n:
-                k = os.preadv(fd, [b.view[: min(self.BOUNCE, n - off)]], offset + off)
-                if k <= 0 or not self._run([(True, b.mr, b.addr, k, raddr + off, rkey)]):
-                    return False
-                off += k
-        finally:
-            os.close(fd)
-        return True
-
-    def _read_range(self, res: Reservation, offset: int, n: int, raddr: int, rkey: int) -> bool:
-        """RDMA READ ``n`` bytes from ``raddr`` into bytes ``[offset, +n)`` of a reservation."""
-        if n == 0:
-            return True
-        if res.entry.small is not None:
-            b = self.bounce
-            if not self._run([(False, b.mr, b.addr, n, raddr, rkey)]):
-                return False
-            res.views[0][offset : offset + n] = b.view[:n]
-            return True
-        posts, off = [], 0
-        for addr, seg in self._segments(res.entry, offset, n):
-            posts.append((False, self.r.arena_mr, addr, seg, raddr + off, rkey))
-            off += seg
-        return self._run(posts)
-
-    def serve_xfer(
-        self, store: Store, is_write: bool, items: list[tuple[bytes, int, int, int, int]]
-    ) -> list[tuple[int, int]]:
-        """RDMA_XFER: per-item ``(status, value length)``; see docs/memkv-protocol.md.
-
-        Reads copy ``[value_offset, +len)`` of the stored value to the client (NOT_FOUND,
-        or SIZE_MISMATCH if the value is shorter). Writes assemble each key's pieces
-        into one new value that becomes visible only once every piece has arrived.
-        """
-        if not is_write:
-            out: list[tuple[int, int]] = []
-            for key, offset, n, raddr, rkey in items:
-                e = store.pin(key)
-                if e is None:
-                    out.append((Status.NOT_FOUND, 0))
-                    continue
-                try:
-                    if offset + n > e.length:
-                        out.append((Status.SIZE_MISMATCH, e.length))
-                    elif self._write_range(store, e, offset, n, raddr, rkey):
-                        out.append((Status.OK, e.length))
-                    else:
-                        out.append((Status.TRANSFER_FAILED, e.length))
-                finally:
-                    store.unpin(e)
-            return out
-        results: list[tuple[int, int]] = [(Status.SERVER_ERROR, 0)] * len(items)
-        for key, (total, idx) in p.xfer_pieces(items).items():
-            res = store.reserve(key, total)
-            if not isinstance(res, Reservation):
-                for i in idx:
-                    results[i] = (res, total)
-                continue
-            ok = True
-            try:
-                for i in idx:
-                    _, offset, n, raddr, rkey = items[i]
-                    if not self._read_range(res, offset, n, raddr, rkey):
-                        ok = False
-                        break
-            except BaseException:
-                store.abort(res)
-                raise
-            if ok:
-                store.commit(res)
-            else:
-                store.abort(res)
-            for i in idx:
-                results[i] = (Status.OK if ok else Status.TRANSFER_FAILED, total)
-        return results
-
-    def close(self) -> None:
-        self.qp.close()
-        if self._bounce is not None:
-            self._bounce.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
 
 from .protocol import Status, status_name
 
@@ -19,18 +18,32 @@ class ResultKind(enum.StrEnum):
     SERVER = "server"  #: the server refused the item (no space, too large, ...)
 
 
-class ItemResult(NamedTuple):
-    """``(kind, cause)`` for one item; truthy only when ``kind`` is OK."""
+class ItemResult(int):
+    """One item's outcome: an ``int`` that is 1 for OK and 0 otherwise, with the detail.
+
+    The vendor's documented contract is a per-item hit flag: ``result == True`` holds
+    exactly for a stored/read item (``bool`` cannot be subclassed, so this is an
+    ``int`` equal to ``True`` or ``False``). ``kind`` and ``cause`` keep the detail.
+    """
 
     kind: ResultKind
-    cause: str = ""
+    cause: str
+
+    def __new__(cls, kind: ResultKind, cause: str = "") -> ItemResult:
+        self = super().__new__(cls, kind is ResultKind.OK)
+        self.kind = kind
+        self.cause = cause
+        return self
 
     @property
     def ok(self) -> bool:
         return self.kind is ResultKind.OK
 
-    def __bool__(self) -> bool:
-        return self.kind is ResultKind.OK
+    def __repr__(self) -> str:
+        return f"ItemResult(kind={self.kind.value!r}, cause={self.cause!r})"
+
+    def __reduce__(self) -> tuple[type[ItemResult], tuple[ResultKind, str]]:
+        return ItemResult, (self.kind, self.cause)
 
 
 OK = ItemResult(ResultKind.OK)
@@ -55,5 +68,6 @@ _HINTS: dict[int, str] = {
     Status.VALUE_TOO_LARGE: "value exceeds the server's per-value limit (memory / lanes)",
     Status.NO_SPACE: "server could not free memory in time (values pinned by readers)",
     Status.TRANSFER_FAILED: "RDMA transfer failed",
+    Status.BAD_MAC: "value bytes do not match their digest (corrupted or altered in transit)",
     Status.UNSUPPORTED: "the server does not implement this operation (upgrade it)",
 }

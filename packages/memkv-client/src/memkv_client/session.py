@@ -4,21 +4,26 @@ A session is used by one thread at a time (the pool in :mod:`.pool` hands it out
 Values move zero-copy: requests ``sendall`` straight from the caller's buffers and
 replies ``recv_into`` the caller's buffers. Any failure mid-request marks the session
 broken; it is then closed and never reused.
+
+Freshness: HELLO carries a random client nonce and the reply is signed under a key
+bound to it; later frames are signed with the connection's session key, and request
+ids start at a random value and increase by one, each reply echoing its request's.
+Value bytes are checked against the SHA-256 digests the server sends with them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
+import secrets
 import socket
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from . import protocol as p
-from .auth import Signer
-from .config import Config, parse_address
+from .auth import Signer, value_digest
+from .config import Config
 from .errors import (
     MemKVError,
     MemKVTimeout,
@@ -28,93 +33,11 @@ from .errors import (
     error_from_status,
 )
 from .protocol import Op, ServerInfo, Status
+from .sockio import parse_address, recv_exact, recv_views_into, send_views
 
-__all__ = ["TcpSession", "recv_exact_into", "recv_views_into", "send_views"]
+_MIN_RATE = 16 << 20  # bytes/s a request may take beyond request_timeout_ms to send
 
-_IOV_MAX = 128  # buffers per recvmsg_into call (Linux allows 1024)
-_LOWAT_MAX = 1 << 20  # largest SO_RCVLOWAT recv_views_into sets
-_LOWAT_MIN = 128 << 10  # below this it leaves the mark at 1
-
-
-def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` completely from ``sock``; EOF raises :class:`TransportError`."""
-    got, n = 0, len(view)
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise TransportError("connection closed by peer mid-frame")
-        got += k
-
-
-def recv_views_into(
-    sock: socket.socket, views: Sequence[memoryview], *, batch_wakeups: bool = False
-) -> None:
-    """Fill every view in order, as many per syscall as the socket has data for.
-
-    One ``recvmsg_into`` scatters the stream over up to ``_IOV_MAX`` views, so a value
-    held in many blocks (or several values of one reply) costs a few large copies
-    instead of one syscall per block. EOF raises :class:`TransportError`.
-
-    ``batch_wakeups`` (for large values): raise ``SO_RCVLOWAT`` so a call returns once
-    about ``_LOWAT_MAX`` bytes are there instead of as soon as any are; that cut the
-    server's CPU per byte on 16 MiB puts by about a quarter (and the client's on gets
-    by about 15%). The mark is at most half of the bytes still to
-    come for these views, so the data that wakes the reader is always on its way: a
-    blocking reader that copied part of what it waits for still sees the mark reached
-    by the rest. It is reset to 1 before returning.
-    """
-    pending = [v for v in views if len(v)]
-    if not pending:
-        return
-    remaining = sum(len(v) for v in pending)
-    i, last = 0, len(pending) - 1
-    first = pending[0]
-    lowat = 1
-    try:
-        while True:
-            if batch_wakeups:
-                want = min(_LOWAT_MAX, remaining // 2)
-                want = want if want >= _LOWAT_MIN else 1
-                if want != lowat:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-                    lowat = want
-            got = sock.recvmsg_into([first, *pending[i + 1 : i + _IOV_MAX]])[0]
-            if got == 0:
-                raise TransportError("connection closed by peer mid-frame")
-            remaining -= got
-            while got >= len(first):
-                if i == last:
-                    return
-                got -= len(first)
-                i += 1
-                first = pending[i]
-            first = first[got:]
-    finally:
-        if lowat != 1:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
-
-
-def recv_exact(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    if n:
-        recv_exact_into(sock, memoryview(buf))
-    return buf
-
-
-def send_views(sock: socket.socket, head: bytes, views: Sequence[memoryview]) -> None:
-    """Send the frame prefix then every bulk view (no joining, no copies of bulk data)."""
-    if not views:
-        sock.sendall(head)
-        return
-    first = views[0]
-    if len(first) <= 65536:  # small values ride with the header in one syscall
-        sock.sendall(head + first)
-    else:
-        sock.sendall(head)
-        sock.sendall(first)
-    for v in views[1:]:
-        sock.sendall(v)
+__all__ = ["TcpSession"]
 
 
 class TcpSession:
@@ -124,8 +47,11 @@ class TcpSession:
 
     def __init__(self, address: str, config: Config, signer: Signer, bind: str | None = None):
         self.address = address
-        self._signer = signer
-        self._ids = itertools.count(1)
+        self._key = signer
+        self._signer = signer  # the session key once HELLO is done
+        self._verifier = signer  # what replies are checked with
+        self._last_id = secrets.randbits(32)
+        self._timeout = config.request_timeout_ms / 1000
         self.broken = False
         host, port = parse_address(address)
         timeout = config.connect_timeout_ms / 1000
@@ -148,15 +74,17 @@ class TcpSession:
         except BaseException:
             self.close()
             raise
-        self.sock.settimeout(config.request_timeout_ms / 1000)
+        self.sock.settimeout(self._timeout)
 
     # --- framing ---------------------------------------------------------------------
 
     def _send(self, op: Op, meta: bytes, bulk: Sequence[memoryview] = ()) -> int:
-        rid = next(self._ids) & 0xFFFFFFFF
+        rid = self._last_id = (self._last_id + 1) & 0xFFFFFFFF
         bulk_len = sum(len(v) for v in bulk)
         header = p.Header(p.VERSION, op, 0, 0, rid, time.time_ns(), len(meta), bulk_len).pack()
-        send_views(self.sock, header + self._signer.sign(header, meta) + meta, bulk)
+        deadline = time.monotonic() + self._timeout + (len(meta) + bulk_len) / _MIN_RATE
+        send_views(self.sock, header + self._signer.sign(header, meta) + meta, bulk, deadline)
+        self.sock.settimeout(self._timeout)  # each read of the reply must progress this fast
         return rid
 
     def _recv_reply(self, op: Op, rid: int) -> tuple[p.Header, bytes]:
@@ -169,7 +97,10 @@ class TcpSession:
             raise RemoteProtocolError(f"{self.address}: reply metadata of {h.meta_len} bytes")
         meta = bytes(recv_exact(self.sock, h.meta_len))
         header_bytes = bytes(prefix[: p.HEADER_SIZE])
-        verified = self._signer.verify(header_bytes, meta, bytes(prefix[p.HEADER_SIZE :]))
+        mac = bytes(prefix[p.HEADER_SIZE :])
+        verified = self._verifier.verify(header_bytes, meta, mac)
+        if not verified and h.status != Status.OK:  # errors before HELLO: the plain key
+            verified = self._key.verify(header_bytes, meta, mac)
         if not verified and h.status == Status.OK:
             raise RemoteProtocolError(f"{self.address}: reply MAC does not verify (wrong key?)")
         if h.status != Status.OK:
@@ -220,8 +151,10 @@ class TcpSession:
         self.close()
 
     def _hello(self) -> ServerInfo:
+        nonce = secrets.token_bytes(p.NONCE_SIZE)
+        self._verifier = self._key.hello_reply(nonce)
         try:
-            rid = self._send(Op.HELLO, p.encode_hello())
+            rid = self._send(Op.HELLO, p.encode_hello(nonce))
             _, meta = self._recv_reply(Op.HELLO, rid)
         except TimeoutError:
             raise MemKVTimeout(f"{self.address}: HELLO timed out") from None
@@ -235,6 +168,7 @@ class TcpSession:
             raise UnsupportedVersionError(
                 Status.UNSUPPORTED_VERSION, f"server chose {info.version}"
             )
+        self._signer = self._verifier = self._key.session(nonce, info.boot_nonce, info.conn_nonce)
         return info
 
     def _decode(self, fn: Any, *args: Any) -> Any:
@@ -260,7 +194,11 @@ class TcpSession:
 
     def stats(self) -> dict[str, Any]:
         _, meta = self.call(Op.STATS, b"")
-        result: dict[str, Any] = json.loads(meta)
+        try:
+            result: dict[str, Any] = json.loads(meta)
+        except ValueError:
+            self._fail()
+            raise RemoteProtocolError(f"{self.address}: STATS reply is not JSON") from None
         return result
 
     def put(self, items: Sequence[tuple[bytes, memoryview]]) -> list[int]:
@@ -273,18 +211,26 @@ class TcpSession:
         codes = [int(Status.VALUE_TOO_LARGE)] * len(items)
         if not send:
             return codes
-        meta = p.encode_key_lengths([(items[i][0], len(items[i][1])) for i in send])
+        meta = p.encode_put_items(
+            [(items[i][0], len(items[i][1]), value_digest([items[i][1]])) for i in send]
+        )
         _, reply = self.call(Op.PUT, meta, [items[i][1] for i in send])
         for i, code in zip(send, self._decode(p.decode_flags, reply, len(send)), strict=True):
             codes[i] = code
         return codes
 
     def get_into(self, items: Sequence[tuple[bytes, memoryview]]) -> list[tuple[int, int]]:
-        """Read values full-length-or-miss into the views; per-item (status, stored length)."""
+        """Read values full-length-or-miss into the views; per-item (status, stored length).
+
+        A value whose bytes do not match the digest the server sent is ``BAD_MAC`` (its
+        buffer content is then unspecified).
+        """
         meta = p.encode_key_lengths([(k, len(v)) for k, v in items])
         h, reply = self.call(Op.GET, meta)
-        statuses: list[tuple[int, int]] = self._decode(p.decode_status_lengths, reply, len(items))
-        ok = [v for (_, v), (status, _) in zip(items, statuses, strict=True) if status == Status.OK]
+        replies: list[tuple[int, int, bytes]] = self._decode(p.decode_get_reply, reply, len(items))
+        ok = [
+            v for (_, v), (status, _, _) in zip(items, replies, strict=True) if status == Status.OK
+        ]
         expected = sum(len(v) for v in ok)
         if h.bulk_len != expected:
             self._fail()
@@ -297,7 +243,12 @@ class TcpSession:
         except OSError as exc:
             self._fail()
             raise TransportError(f"{self.address}: {exc.strerror or exc}") from None
-        return statuses
+        out = []
+        for (_, view), (status, n, digest) in zip(items, replies, strict=True):
+            if status == Status.OK and value_digest([view]) != digest:
+                status = Status.BAD_MAC
+            out.append((status, n))
+        return out
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -9,7 +9,9 @@ post one-sided READ/WRITE, poll completions. pyverbs is imported lazily, inside
 from __future__ import annotations
 
 import abc
+import ctypes
 import json
+import mmap
 import os
 import random
 import sys
@@ -22,6 +24,7 @@ from typing import Any
 __all__ = [
     "Completion",
     "MemoryRegion",
+    "PinnedBuffer",
     "PyverbsBackend",
     "QueuePair",
     "VerbsBackend",
@@ -122,6 +125,24 @@ class VerbsBackend(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release the device context."""
+
+
+class PinnedBuffer:
+    """An anonymous mapping registered with the backend (staging or bounce memory)."""
+
+    def __init__(self, backend: VerbsBackend, size: int) -> None:
+        self._map = mmap.mmap(-1, size)
+        self.view = memoryview(self._map)
+        anchor = ctypes.c_char.from_buffer(self._map)
+        self.addr = ctypes.addressof(anchor)
+        del anchor
+        self.mr = backend.register(self.addr, size)
+        self._backend = backend
+
+    def close(self) -> None:
+        self._backend.deregister(self.mr)
+        self.view.release()
+        self._map.close()
 
 
 # --- pyverbs ------------------------------------------------------------------------

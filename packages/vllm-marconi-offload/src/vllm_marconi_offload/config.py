@@ -11,10 +11,17 @@ import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import kvpool_mmap
-from kvpool_mmap import DIRECT_IO_MODES, FSYNC_MODES, MAX_IO_THREADS, MAX_TIER_BYTES
+from kvpool_mmap import (
+    DIRECT_IO_MODES,
+    FSYNC_MODES,
+    L1_OVERFLOW_MODES,
+    MAX_IO_THREADS,
+    MAX_TIER_BYTES,
+    L1Overflow,
+)
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from .log import logger
@@ -49,6 +56,10 @@ class OffloadConfig:
     eviction_decay: float = 0.0
     eviction_reuse_mode: str = "linear"
     admission_threshold: int = 1
+    # A full L1 in front of a slower L2: "drop_unwritten" keeps storing new blocks and drops
+    # the oldest ones not yet written to L2; "demote" (the seed's design) refuses new blocks
+    # until the victims' L2 writes land.
+    l1_overflow: L1Overflow = "drop_unwritten"
     # Log a `[CPU-OFFLOAD HIT]` line every this many finished lookups.
     hit_log_interval: int = 10
     # Read bandwidth (bytes/s) assumed for L2 until measured; used to decide whether an
@@ -101,6 +112,9 @@ class OffloadConfig:
             eviction_decay=_float(extra, "eviction_decay", 0.0, minimum=0.0),
             eviction_reuse_mode=_choice(extra, "eviction_reuse_mode", "linear", REUSE_MODES),
             admission_threshold=_int(extra, "admission_threshold", 1, minimum=1),
+            l1_overflow=cast(
+                L1Overflow, _choice(extra, "l1_overflow", "drop_unwritten", L1_OVERFLOW_MODES)
+            ),
             hit_log_interval=_int(extra, "hit_log_interval", 10, minimum=1),
             l2_read_bytes_per_s=_float(extra, "l2_read_bytes_per_s", 1.5e9, minimum=1.0),
             prefill_tokens_per_s=_float(extra, "prefill_tokens_per_s", 0.0, minimum=0.0),
@@ -145,6 +159,7 @@ _KNOWN_KEYS = frozenset(
         "eviction_decay",
         "eviction_reuse_mode",
         "admission_threshold",
+        "l1_overflow",
         "hit_log_interval",
         "l2_read_bytes_per_s",
         "prefill_tokens_per_s",
@@ -156,7 +171,7 @@ _KNOWN_KEYS = frozenset(
     }
 )
 _MARCONI_KEYS = ("eviction_decay", "eviction_reuse_mode")
-_L2_KEYS = ("l2_fsync", "direct_io", "verify_on_open", "l2_read_bytes_per_s")
+_L2_KEYS = ("l2_fsync", "direct_io", "verify_on_open", "l2_read_bytes_per_s", "l1_overflow")
 
 # kvpool-mmap's names of the settings users give under the keys above.
 _KVPOOL_SETTING_KEYS = {

@@ -5,7 +5,10 @@ slow disk with a fast GPU it is not (vLLM's own fs tier made a 32k-token TTFT up
 slower than recomputing). Both costs are measured online: prefill time per token from the
 time between a step's start and the workers' report that they ran it (an idle engine
 between steps must not count as prefill), L2 read time per byte from the promotions the
-store completes. A configured rate is an assumption that the first measurement replaces;
+store completes, counting only blocks read from the disk: a block the page cache may have
+served (written or read moments before, L2 without O_DIRECT) reads at memory speed, and
+learning that speed made the rule load disk-resident hits several times slower than
+recomputing them. A configured rate is an assumption that the first measurement replaces;
 later measurements enter an exponentially weighted average of the time per unit
 (averaging rates instead would let fast samples hide slow ones). Until prefill has been
 measured, hits are loaded. A skipped tier teaches the model nothing, so after
@@ -19,8 +22,10 @@ it took 1.2 s, so a probe of the whole hit would cost about that much.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from kvpool_mmap import LoadTicket, Tier
 
 SMOOTHING = 0.2
 # Steps with fewer scheduled tokens say more about fixed per-step costs than about
@@ -103,6 +108,17 @@ class LoadCostModel:
     def on_promotion(self, nbytes: int, seconds: float) -> None:
         """A promotion of `nbytes` from L2 finished `seconds` after it started."""
         self._l2.observe(nbytes, seconds)
+
+    def on_promotions(self, tickets: Sequence[LoadTicket], slot_bytes: int) -> None:
+        """One lookup's promotions finished: learn from its blocks read from the disk
+        (`slot_bytes` each) over the time its slowest ticket took. Blocks the page cache
+        may have served (`LoadTicket.cached_promotions`) are left out; if that leaves none,
+        nothing is learned. Their share of the time is not, which errs towards a slower
+        disk: the safe side, since a skipped load costs at most a recompute."""
+        from_disk = sum(t.tiers.count(Tier.L2) - t.cached_promotions for t in tickets)
+        seconds = max((t.promotion_seconds for t in tickets), default=0.0)
+        if from_disk > 0:
+            self.on_promotion(from_disk * slot_bytes, seconds)
 
     def blocks_to_load(self, blocks: int, l2_bytes: int, tokens: int) -> int:
         """How many of `blocks` hit blocks (holding `l2_bytes` in L2, covering `tokens`

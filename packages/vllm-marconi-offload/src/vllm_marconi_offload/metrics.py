@@ -54,6 +54,11 @@ _COUNTERS: dict[str, tuple[str, str, str | None]] = {
         "Blocks not stored because no L1 slot was free (pinned by loads or awaiting L2 writes).",
         None,
     ),
+    "dropped_unwritten": (
+        "vllm:marconi_offload_dropped_unwritten_blocks",
+        "L1 victims dropped before their L2 copy was written (L2 writes behind).",
+        None,
+    ),
 }
 
 

@@ -124,6 +124,7 @@ def build_store_config(
             direct_io=config.direct_io,  # type: ignore[arg-type]  # and DIRECT_IO_MODES
             io_threads=config.io_threads,
             verify_on_open=config.verify_on_open,
+            l1_overflow=config.l1_overflow,
         )
 
 

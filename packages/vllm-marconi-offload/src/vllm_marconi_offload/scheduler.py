@@ -159,11 +159,7 @@ class OffloadScheduler:
         if lookup.timed:
             return
         lookup.timed = True
-        tickets = lookup.tickets()
-        promoted = sum(t.tiers.count(Tier.L2) for t in tickets)
-        seconds = max((t.promotion_seconds for t in tickets), default=0.0)
-        if promoted and seconds > 0:
-            self._cost.on_promotion(promoted * self._slot_bytes, seconds)
+        self._cost.on_promotions(lookup.tickets(), self._slot_bytes)
 
     def _ready_blocks(self, lookup: _Lookup) -> int:
         if any(t.failed for t in lookup.states.values()):

@@ -9,9 +9,9 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
-from ..auth import ReplayGuard, Signer, dev_key
-from ..config import is_loopback, load_config, parse_address
-from ..errors import ConfigError
+from ..auth import ClockWindow, Signer
+from ..sockio import parse_address
+from .keys import server_key
 from .net import MemKVServer
 from .spill import SpillDir
 from .storage import Store
@@ -45,8 +45,31 @@ def add_serve_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--memory", default="4GiB", help="value memory, e.g. 4GiB")
     ap.add_argument("--lanes", type=int, default=4, help="capacity lanes (key namespaces)")
     ap.add_argument("--dir", default=None, help="spill evicted values to this directory")
-    ap.add_argument("--dir-capacity", default=None, help="spill size limit (default 4x memory)")
-    ap.add_argument("--replay-window-ms", type=int, default=30000, help="timestamp window")
+    ap.add_argument("--dir-capacity", default=None, help="spill size limit (None: 4x memory)")
+    ap.add_argument(
+        "--replay-window-ms",
+        type=int,
+        default=30000,
+        help="refuse requests whose timestamp is further than this from the server clock",
+    )
+    ap.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="connections served at once (None: ulimit -n minus 64, at most 4096)",
+    )
+    ap.add_argument(
+        "--frame-timeout-s",
+        type=float,
+        default=10.0,
+        help="a frame must arrive (and a reply leave) within this, plus 1 s per 8 MiB",
+    )
+    ap.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=300.0,
+        help="close connections idle this long",
+    )
     ap.add_argument(
         "--exists-lease-ms",
         type=int,
@@ -74,11 +97,13 @@ def serve(args: argparse.Namespace) -> int:
             raise ValueError("--replay-window-ms must be positive")
         if args.exists_lease_ms < 0:
             raise ValueError("--exists-lease-ms must be >= 0")
-        key = load_config().auth_key
-        if key is None:
-            if not is_loopback(host):
-                raise ValueError("MEMKV_AUTH_KEY is required to listen on a non-loopback address")
-            key = dev_key()
+        if args.max_connections is not None and args.max_connections < 1:
+            raise ValueError(f"--max-connections {args.max_connections}: must be >= 1")
+        for flag, value in (("--frame-timeout-s", args.frame_timeout_s),
+                            ("--idle-timeout-s", args.idle_timeout_s)):  # fmt: skip
+            if not value > 0:
+                raise ValueError(f"{flag} {value}: must be > 0")
+        key, key_source = server_key(host)
         spill = SpillDir(args.dir, spill_cap) if args.dir else None
         store = Store(
             memory,
@@ -87,13 +112,13 @@ def serve(args: argparse.Namespace) -> int:
             prefault=not args.no_prefault,
             lease_s=args.exists_lease_ms / 1000,
         )
-    except (ValueError, ConfigError, OSError) as exc:
+    except (ValueError, OSError) as exc:
         print(f"memkv serve: {exc}", file=sys.stderr)
         return 2
     responder, rdma_note = None, "rdma=on"
     if args.rdma != "off":
-        from ..rdma import RdmaResponder
         from ..verbs import open_verbs_backend
+        from .rdma import RdmaResponder
 
         devices = [d for d in args.rdma_devices.split(",") if d]
         backend, reason = open_verbs_backend(devices)
@@ -109,8 +134,11 @@ def serve(args: argparse.Namespace) -> int:
         host,
         port,
         Signer(key),
-        ReplayGuard(args.replay_window_ms * 1_000_000),
+        ClockWindow(args.replay_window_ms * 1_000_000),
         rdma=responder,
+        max_connections=args.max_connections,
+        frame_timeout=args.frame_timeout_s,
+        idle_timeout=args.idle_timeout_s,
     )
     try:
         server.start()
@@ -126,7 +154,7 @@ def serve(args: argparse.Namespace) -> int:
     print(
         f"memkv: listening on {server.address} memory={store.capacity} lanes={args.lanes}"
         + (f" dir={args.dir}" if args.dir else "")
-        + f" {rdma_note}",
+        + f" {rdma_note} key={key_source} max_connections={server.max_connections}",
         flush=True,
     )
     server.serve_forever()
@@ -135,6 +163,10 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="memkv serve", description="Run a MemKV server node.")
+    ap = argparse.ArgumentParser(
+        prog="memkv serve",
+        description="Run a MemKV server node.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add_serve_arguments(ap)
     return serve(ap.parse_args(argv))

@@ -5,6 +5,14 @@ blocks per call) and sent straight from pinned blocks (``sendall``) or spill fil
 (``sendfile``). A frame that cannot be decoded or authenticated gets an error reply and
 the connection is closed; handler exceptions never reach the accept loop, so a bad peer
 cannot crash the server.
+
+**Hostile peers.** At most ``max_connections`` connections are served; when full, the
+oldest one that has not yet authenticated is closed to make room, else the new one is
+refused. Until its HELLO verifies, a connection may send only a HELLO of at most
+``PREAUTH_MAX_META_LEN`` metadata bytes, and must do so within ``frame_timeout``. Every
+frame must arrive, and every reply leave, within ``frame_timeout`` plus its size at
+``MIN_RATE``; a connection idle for ``idle_timeout`` is closed. A deadline miss closes
+the connection and releases everything it held (reservations, pins).
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ import contextlib
 import json
 import logging
 import os
+import resource
+import secrets
 import socket
 import threading
 import time
@@ -21,17 +31,28 @@ from typing import Any
 
 from .. import protocol as p
 from .._version import __version__
-from ..auth import ReplayGuard, Signer
+from ..auth import ClockWindow, Signer, value_digest
 from ..errors import TransportError
 from ..protocol import FrameError, Header, Op, Status
-from ..session import recv_exact, recv_exact_into, recv_views_into, send_views
+from ..sockio import arm, recv_exact_into, recv_views_into, send_views
 from .storage import Entry, Store
 
-__all__ = ["MemKVServer"]
+__all__ = ["MIN_RATE", "MemKVServer", "default_max_connections"]
 
 log = logging.getLogger("memkv_client.server")
 _DRAIN = memoryview(bytearray(1 << 20))
 _SINK = memoryview(bytearray(1 << 16))  # shared scratch: contents are never read
+_META_CHUNK = 64 << 10  # metadata is read and MAC-fed in pieces of this size
+MIN_RATE = 8 << 20  #: bytes/s a peer must sustain on a frame beyond ``frame_timeout``
+_FD_RESERVE = 64  # descriptors kept free for spill files, the listener and logging
+
+
+def default_max_connections() -> int:
+    """The connection cap that keeps ``_FD_RESERVE`` descriptors free under ``ulimit -n``."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(1, min(4096, soft - _FD_RESERVE))
 
 
 class _Closed(Exception):  # noqa: N818 (control flow, not an error)
@@ -47,25 +68,40 @@ class MemKVServer:
         host: str,
         port: int,
         signer: Signer,
-        guard: ReplayGuard | None = None,
+        clock: ClockWindow | None = None,
         *,
         max_batch_items: int = p.MAX_BATCH_ITEMS,
         rdma: Any = None,
+        max_connections: int | None = None,
+        frame_timeout: float = 10.0,
+        idle_timeout: float = 300.0,
     ) -> None:
         self.store = store
         self.host = host
         self.port = port
         self.signer = signer
-        self.guard = guard or ReplayGuard()
+        self.clock = clock or ClockWindow()
         self.max_batch_items = max_batch_items
-        self.rdma = rdma  # a server-side RDMA responder (see memkv_client.rdma), or None
+        self.rdma = rdma  # a server-side RDMA responder (see .rdma), or None
+        self.max_connections = max_connections or default_max_connections()
+        self.frame_timeout = frame_timeout
+        self.idle_timeout = idle_timeout
+        self.boot_nonce = secrets.token_bytes(p.NONCE_SIZE)
         self.server_id = f"memkv-{os.getpid()}-{int(time.time())}"
         self._sock: socket.socket | None = None
         self._stopping = threading.Event()
-        self._conns: set[_Connection] = set()
+        self._conns: dict[_Connection, None] = {}  # in accept order
         self._lock = threading.Lock()
         self._started = time.monotonic()
-        self.counters = {"connections": 0, "requests": 0, "frame_errors": 0, "auth_errors": 0}
+        self.counters = {
+            "connections": 0,
+            "requests": 0,
+            "frame_errors": 0,
+            "auth_errors": 0,
+            "refused_connections": 0,  # over max_connections, nothing to make room
+            "unauthenticated_closed": 0,  # closed to make room for a new connection
+            "deadline_closes": 0,  # a frame or reply missed its deadline, or idle
+        }
         max_value = min(store.max_value, p.DEFAULT_MAX_VALUE_LEN)
         self.info = p.ServerInfo(
             p.VERSION,
@@ -77,6 +113,8 @@ class MemKVServer:
             rdma is not None,
             self.server_id,
             xfer=rdma is not None,
+            boot_nonce=self.boot_nonce,
+            idle_timeout_ms=int(idle_timeout * 1000),
         )
 
     @property
@@ -106,12 +144,33 @@ class MemKVServer:
                     break
                 time.sleep(0.01)  # e.g. EMFILE: back off rather than spin
                 continue
+            if not self._make_room():
+                self.counters["refused_connections"] += 1
+                log.warning(
+                    "memkv: refusing a connection: %d connections (--max-connections)",
+                    self.max_connections,
+                )
+                conn.close()
+                continue
             c = _Connection(self, conn)
             with self._lock:
-                self._conns.add(c)
+                self._conns[c] = None
                 self.counters["connections"] += 1
             threading.Thread(target=c.run, name="memkv-conn", daemon=True).start()
         self._shutdown()
+
+    def _make_room(self) -> bool:
+        """Whether one more connection fits, closing the oldest unauthenticated one if not."""
+        with self._lock:
+            if len(self._conns) < self.max_connections:
+                return True
+            victim = next((c for c in self._conns if not c.authenticated), None)
+            if victim is None:
+                return False
+            del self._conns[victim]  # its thread ends on the shut-down socket
+            self.counters["unauthenticated_closed"] += 1
+        victim.shutdown_socket()
+        return True
 
     def request_stop(self) -> None:
         """Ask :meth:`serve_forever` to stop (safe from signal handlers and other threads)."""
@@ -138,7 +197,7 @@ class MemKVServer:
 
     def forget(self, c: _Connection) -> None:
         with self._lock:
-            self._conns.discard(c)
+            self._conns.pop(c, None)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -150,6 +209,9 @@ class MemKVServer:
             "address": self.address,
             "uptime_s": round(time.monotonic() - self._started, 3),
             "live_connections": live,
+            "max_connections": self.max_connections,
+            "frame_timeout_s": self.frame_timeout,
+            "idle_timeout_s": self.idle_timeout,
             "rdma": self.rdma is not None,
             **{k: v for k, v in self.counters.items()},
             "store": self.store.stats(),
@@ -172,8 +234,12 @@ class _Connection:
         self.done = threading.Event()
         self._lock = threading.Lock()
         self._busy = False
+        self.authenticated = False  # the HELLO verified; ``session`` signs from then on
+        self.session = server.signer
+        self._reply_signer = server.signer
+        self._last_id = 0
         self.rdma_peer: Any = None
-        self._handlers: dict[Op, Callable[[Header, bytes], None]] = {
+        self._handlers: dict[Op, Callable[[Header, bytes, float], None]] = {
             Op.HELLO: self._hello,
             Op.EXISTS: self._exists,
             Op.PUT: self._put,
@@ -190,15 +256,19 @@ class _Connection:
     def stop_if_idle(self) -> None:
         with self._lock:
             if not self._busy:
-                self._shutdown_socket()
+                self.shutdown_socket()
 
-    def _shutdown_socket(self) -> None:
+    def shutdown_socket(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
-        self._shutdown_socket()
+        self.shutdown_socket()
         self.sock.close()
+
+    def _deadline(self, nbytes: int = 0) -> float:
+        """When a frame (or reply) of ``nbytes`` bulk+meta bytes must be done."""
+        return time.monotonic() + self.server.frame_timeout + nbytes / MIN_RATE
 
     def run(self) -> None:
         try:
@@ -207,6 +277,9 @@ class _Connection:
                     break
         except _Closed:
             self._drain_and_close()
+        except TimeoutError:
+            self.server.counters["deadline_closes"] += 1
+            log.info("memkv: %s: deadline passed; closing", self.peer)
         except (TransportError, OSError):
             pass
         except Exception:  # a bug must not take the server down
@@ -234,43 +307,62 @@ class _Connection:
     def _serve_one(self) -> bool:
         prefix = bytearray(p.PREFIX_SIZE)
         view = memoryview(prefix)
+        srv = self.server
+        wait = srv.idle_timeout if self.authenticated else srv.frame_timeout
+        arm(self.sock, time.monotonic() + wait)
         first = self.sock.recv_into(view)
         if first == 0:
             return False  # clean close between frames
         with self._lock:
             self._busy = True
         try:
-            recv_exact_into(self.sock, view[first:])
-            self._handle(bytes(prefix))
+            deadline = self._deadline()
+            recv_exact_into(self.sock, view[first:], deadline)
+            self._handle(bytes(prefix), deadline)
         finally:
             with self._lock:
                 self._busy = False
         return True
 
-    def _handle(self, prefix: bytes) -> None:
+    def _recv_meta(self, n: int, mac: Any, deadline: float) -> bytes:
+        """Read ``n`` metadata bytes, feeding the MAC as they arrive."""
+        buf = bytearray(n)
+        view = memoryview(buf)
+        for start in range(0, n, _META_CHUNK):
+            part = view[start : start + _META_CHUNK]
+            recv_exact_into(self.sock, part, deadline)
+            mac.update(part)
+        return bytes(buf)
+
+    def _handle(self, prefix: bytes, deadline: float) -> None:
         srv = self.server
         try:
             h = p.unpack_header(prefix)
-            op = p.check_request_header(h, self.server.info.max_bulk_len)
+            op = p.check_request_header(h, srv.info.max_bulk_len, self.authenticated)
         except FrameError as exc:
             srv.counters["frame_errors"] += 1
             self._error(None, exc.status, str(exc))
             raise _Closed from None
-        meta = bytes(recv_exact(self.sock, h.meta_len))
-        if not srv.signer.verify(prefix[: p.HEADER_SIZE], meta, prefix[p.HEADER_SIZE :]):
+        deadline += (h.meta_len + h.bulk_len) / MIN_RATE
+        mac = self.session.start(prefix[: p.HEADER_SIZE])
+        meta = self._recv_meta(h.meta_len, mac, deadline)
+        if not Signer.check(mac, prefix[p.HEADER_SIZE :]):
             srv.counters["auth_errors"] += 1
             self._error(h, Status.BAD_MAC, "request MAC does not verify (wrong auth key)")
             raise _Closed
-        verdict = srv.guard.check(h.timestamp_ns, prefix[p.HEADER_SIZE :])
-        if verdict is not Status.OK:
+        if srv.clock.check(h.timestamp_ns) is not Status.OK:
             srv.counters["auth_errors"] += 1
             skew = (h.timestamp_ns - time.time_ns()) / 1e9
-            msg = "request already seen" if verdict is Status.REPLAY else f"clock skew {skew:+.3f}s"
-            self._error(h, verdict, msg)
+            self._error(h, Status.CLOCK_DRIFT, f"clock skew {skew:+.3f}s")
             raise _Closed
+        if self.authenticated and h.request_id != (self._last_id + 1) & 0xFFFFFFFF:
+            srv.counters["auth_errors"] += 1
+            self._error(h, Status.REPLAY, f"request id {h.request_id} out of sequence")
+            raise _Closed
+        self._last_id = h.request_id
         srv.counters["requests"] += 1
         try:
-            self._handlers[op](h, meta)
+            self._handlers[op](h, meta, deadline)
         except FrameError as exc:
             srv.counters["frame_errors"] += 1
             self._error(h, exc.status, str(exc))
@@ -285,18 +377,22 @@ class _Connection:
             p.VERSION, h.op, status, p.FLAG_RESPONSE, h.request_id, time.time_ns(),
             len(meta), bulk_len,
         ).pack()  # fmt: skip
-        return out + self.server.signer.sign(out, meta) + meta
+        return out + self._reply_signer.sign(out, meta) + meta
+
+    def _send(self, data: bytes, deadline: float) -> None:
+        arm(self.sock, deadline)
+        self.sock.sendall(data)
 
     def _error(self, h: Header | None, status: Status, message: str) -> None:
         log.info("memkv: %s: %s: %s; closing", self.peer, status.name, message)
         h = h or Header(p.VERSION, 0, 0, 0, 0, 0, 0, 0)
         with contextlib.suppress(OSError):
-            self.sock.sendall(self._reply(h, message.encode(), 0, status))
+            self._send(self._reply(h, message.encode(), 0, status), self._deadline())
 
     # --- operations ---------------------------------------------------------------------
 
-    def _hello(self, h: Header, meta: bytes) -> None:
-        lo, hi = p.decode_hello(meta)
+    def _hello(self, h: Header, meta: bytes, deadline: float) -> None:
+        lo, hi, client_nonce = p.decode_hello(meta)
         version = min(hi, p.MAX_VERSION)
         if version < max(lo, p.MIN_VERSION):
             self._error(
@@ -305,134 +401,149 @@ class _Connection:
                 f"client speaks {lo}..{hi}, server {p.MIN_VERSION}..{p.MAX_VERSION}",
             )
             raise _Closed
-        info = self.server.info
+        srv = self.server
+        conn_nonce = secrets.token_bytes(p.NONCE_SIZE)
+        info = srv.info
         reply = p.ServerInfo(
             version, info.max_key_len, info.max_batch_items, info.max_meta_len,
             info.max_value_len, info.max_bulk_len, info.rdma, info.server_id, info.xfer,
+            srv.boot_nonce, conn_nonce, info.idle_timeout_ms,
         )  # fmt: skip
-        self.sock.sendall(self._reply(h, p.encode_hello_reply(reply)))
+        self._reply_signer = srv.signer.hello_reply(client_nonce)
+        self._send(self._reply(h, p.encode_hello_reply(reply)), deadline)
+        self.session = srv.signer.session(client_nonce, srv.boot_nonce, conn_nonce)
+        self._reply_signer = self.session
+        self.authenticated = True
 
-    def _exists(self, h: Header, meta: bytes) -> None:
+    def _exists(self, h: Header, meta: bytes, deadline: float) -> None:
         keys = p.decode_keys(meta, self.server.max_batch_items)
         flags = [int(f) for f in self.store.exists(keys)]
-        self.sock.sendall(self._reply(h, p.encode_flags(flags)))
+        self._send(self._reply(h, p.encode_flags(flags)), deadline)
 
-    def _delete(self, h: Header, meta: bytes) -> None:
+    def _delete(self, h: Header, meta: bytes, deadline: float) -> None:
         keys = p.decode_keys(meta, self.server.max_batch_items)
         codes = [Status.OK if self.store.delete(k) else Status.NOT_FOUND for k in keys]
-        self.sock.sendall(self._reply(h, p.encode_flags(codes)))
+        self._send(self._reply(h, p.encode_flags(codes)), deadline)
 
-    def _size(self, h: Header, meta: bytes) -> None:
+    def _size(self, h: Header, meta: bytes, deadline: float) -> None:
         keys = p.decode_keys(meta, self.server.max_batch_items)
         out = []
         for k in keys:
             n = self.store.size(k)
             out.append((Status.NOT_FOUND, 0) if n is None else (Status.OK, n))
-        self.sock.sendall(self._reply(h, p.encode_status_lengths(out)))
+        self._send(self._reply(h, p.encode_status_lengths(out)), deadline)
 
-    def _stats(self, h: Header, meta: bytes) -> None:
-        self.sock.sendall(self._reply(h, json.dumps(self.server.stats()).encode()))
+    def _stats(self, h: Header, meta: bytes, deadline: float) -> None:
+        if meta:
+            raise FrameError(Status.INVALID_REQUEST, "STATS takes no metadata")
+        self._send(self._reply(h, json.dumps(self.server.stats()).encode()), deadline)
 
-    def _drain(self, n: int) -> None:
+    def _drain(self, n: int, deadline: float) -> None:
         while n:
             k = min(n, len(_DRAIN))
-            recv_exact_into(self.sock, _DRAIN[:k])
+            recv_exact_into(self.sock, _DRAIN[:k], deadline)
             n -= k
 
-    def _put(self, h: Header, meta: bytes) -> None:
-        items = p.decode_key_lengths(meta, self.server.max_batch_items)
-        if sum(n for _, n in items) != h.bulk_len:
+    def _put(self, h: Header, meta: bytes, deadline: float) -> None:
+        items = p.decode_put_items(meta, self.server.max_batch_items)
+        if sum(n for _, n, _ in items) != h.bulk_len:
             raise FrameError(Status.INVALID_REQUEST, "bulk_len does not match item lengths")
         codes: list[int] = []
-        for key, n in items:
+        for key, n, digest in items:
             res = self.store.reserve(key, n)
             if isinstance(res, Status):
-                self._drain(n)
+                self._drain(n, deadline)
                 codes.append(res)
                 continue
             try:
-                recv_views_into(self.sock, res.views, batch_wakeups=True)
+                recv_views_into(self.sock, res.views, batch_wakeups=True, deadline=deadline)
             except BaseException:
                 self.store.abort(res)
                 raise
-            self.store.commit(res)
+            if value_digest(res.views) != digest:
+                self.store.abort(res)
+                codes.append(Status.BAD_MAC)
+                continue
+            self.store.commit(res, digest)
             codes.append(Status.OK)
-        self.sock.sendall(self._reply(h, p.encode_flags(codes)))
+        self._send(self._reply(h, p.encode_flags(codes)), deadline)
 
     def _pin_for_read(
         self, items: list[tuple[bytes, int]]
-    ) -> tuple[list[Entry], list[tuple[int, int]]]:
+    ) -> tuple[list[Entry], list[tuple[int, int, bytes]]]:
         pinned: list[Entry] = []
-        out: list[tuple[int, int]] = []
+        out: list[tuple[int, int, bytes]] = []
         for key, n in items:
             e = self.store.pin(key)
             if e is None:
-                out.append((Status.NOT_FOUND, 0))
+                out.append((Status.NOT_FOUND, 0, p.NO_DIGEST))
             elif e.length != n:
                 self.store.unpin(e)
-                out.append((Status.SIZE_MISMATCH, e.length))
+                out.append((Status.SIZE_MISMATCH, e.length, p.NO_DIGEST))
             else:
                 pinned.append(e)
-                out.append((Status.OK, n))
+                out.append((Status.OK, n, e.digest))
         return pinned, out
 
-    def _get(self, h: Header, meta: bytes) -> None:
+    def _get(self, h: Header, meta: bytes, deadline: float) -> None:
         items = p.decode_key_lengths(meta, self.server.max_batch_items)
         pinned, out = self._pin_for_read(items)
         try:
             bulk = sum(e.length for e in pinned)
-            head = self._reply(h, p.encode_status_lengths(out), bulk)
-            self.sock.sendall(head)
+            deadline = self._deadline(bulk)  # a slow reader holds these pins no longer
+            head = self._reply(h, p.encode_get_reply(out), bulk)
+            self._send(head, deadline)
             for e in pinned:
                 if e.path is not None:
-                    self._send_file(e)
+                    self._send_file(e, deadline)
                 else:
-                    send_views(self.sock, b"", self.store.views(e))
+                    send_views(self.sock, b"", self.store.views(e), deadline)
         finally:
             for e in pinned:
                 self.store.unpin(e)
 
-    def _send_file(self, e: Entry) -> None:
+    def _send_file(self, e: Entry, deadline: float) -> None:
         fd = self.store.open_spilled(e)
         with os.fdopen(fd, "rb") as f:
+            arm(self.sock, deadline)
             sent = self.sock.sendfile(f, 0, e.length)
         if sent != e.length:
             raise TransportError("spill file shorter than its value")
 
-    # --- RDMA control (bulk moves by one-sided verbs; see memkv_client.rdma) ---------
+    # --- RDMA control (bulk moves by one-sided verbs; see .rdma) ---------
 
     def _require_rdma(self) -> Any:
         if self.server.rdma is None:
             raise FrameError(Status.UNSUPPORTED, "this server has no RDMA device")
         return self.server.rdma
 
-    def _rdma_connect(self, h: Header, meta: bytes) -> None:
+    def _rdma_connect(self, h: Header, meta: bytes, deadline: float) -> None:
         responder = self._require_rdma()
         if self.rdma_peer is not None:
             self.rdma_peer.close()
         self.rdma_peer, reply = responder.accept(meta)
-        self.sock.sendall(self._reply(h, reply))
+        self._send(self._reply(h, reply), deadline)
 
-    def _rdma_put(self, h: Header, meta: bytes) -> None:
+    def _rdma_put(self, h: Header, meta: bytes, deadline: float) -> None:
         self._require_rdma()
         if self.rdma_peer is None:
             raise FrameError(Status.INVALID_REQUEST, "RDMA_PUT before RDMA_CONNECT")
         items = p.decode_remote_items(meta, self.server.max_batch_items)
         codes = self.rdma_peer.serve_put(self.store, items)
-        self.sock.sendall(self._reply(h, p.encode_flags(codes)))
+        self._send(self._reply(h, p.encode_flags(codes)), deadline)
 
-    def _rdma_get(self, h: Header, meta: bytes) -> None:
+    def _rdma_get(self, h: Header, meta: bytes, deadline: float) -> None:
         self._require_rdma()
         if self.rdma_peer is None:
             raise FrameError(Status.INVALID_REQUEST, "RDMA_GET before RDMA_CONNECT")
         items = p.decode_remote_items(meta, self.server.max_batch_items)
         out = self.rdma_peer.serve_get(self.store, items)
-        self.sock.sendall(self._reply(h, p.encode_status_lengths(out)))
+        self._send(self._reply(h, p.encode_status_lengths(out)), deadline)
 
-    def _rdma_xfer(self, h: Header, meta: bytes) -> None:
+    def _rdma_xfer(self, h: Header, meta: bytes, deadline: float) -> None:
         self._require_rdma()
         if self.rdma_peer is None:
             raise FrameError(Status.INVALID_REQUEST, "RDMA_XFER before RDMA_CONNECT")
         is_write, items = p.decode_xfer(meta, self.server.max_batch_items)
         out = self.rdma_peer.serve_xfer(self.store, is_write, items)
-        self.sock.sendall(self._reply(h, p.encode_status_lengths(out)))
+        self._send(self._reply(h, p.encode_status_lengths(out)), deadline)

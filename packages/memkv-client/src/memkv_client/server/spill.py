@@ -1,8 +1,12 @@
 """The optional spill directory: values evicted from memory are written here.
 
-Files are named ``<counter>.mkv`` and never rewritten; a spilled value is served
-straight from its file (``sendfile``). Spilled data does not survive a restart: the
-directory's ``*.mkv`` files are removed when the server starts and stops.
+Files are named ``<16 hex digits>.mkv`` and never rewritten; a spilled value is served
+straight from its file (``sendfile``). Spilled data does not survive a restart: those
+files are removed when the server starts and stops.
+
+The directory must be dedicated to MemKV: it is claimed with a marker file
+(``MARKER``) when empty, and a non-empty directory without the marker is refused. Only
+files named like spill files are ever removed, so nothing else in it is touched.
 
 Removing a file is accounted at once but unlinked by a background thread, so the store
 may call :meth:`SpillDir.remove` while holding its index lock without doing I/O there.
@@ -14,6 +18,7 @@ import contextlib
 import itertools
 import os
 import queue
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +26,8 @@ from pathlib import Path
 __all__ = ["SpillDir"]
 
 SUFFIX = ".mkv"
+MARKER = ".memkv-spill"
+_SPILL_NAME = re.compile(r"[0-9a-f]{16}\.mkv")
 
 
 class SpillDir:
@@ -30,7 +37,7 @@ class SpillDir:
         self.directory = str(directory)
         self.capacity = capacity
         self.used = 0
-        Path(self.directory).mkdir(parents=True, exist_ok=True)
+        self._claim()
         self._clean()
         self._ids = itertools.count()
         self._lock = threading.Lock()
@@ -52,9 +59,28 @@ class SpillDir:
         self._doomed.put(done)
         return done.wait(timeout)
 
+    def _claim(self) -> None:
+        """Create the directory or check that it is MemKV's; raises ValueError if not."""
+        d = Path(self.directory)
+        d.mkdir(parents=True, exist_ok=True)
+        marker = d / MARKER
+        if marker.exists():
+            return
+        others = sorted(f.name for f in d.iterdir())
+        if others:
+            shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+            raise ValueError(
+                f"--dir {self.directory}: not empty and not a MemKV spill directory (no "
+                f"{MARKER}; holds {shown}); give an empty or dedicated directory"
+            )
+        marker.write_text("MemKV spill directory: files named <16 hex digits>.mkv here are "
+                          "deleted when the server starts and stops.\n")  # fmt: skip
+
     def _clean(self) -> None:
-        for f in Path(self.directory).glob("*" + SUFFIX):
-            f.unlink(missing_ok=True)
+        """Remove leftover spill files (by exact name only)."""
+        for f in Path(self.directory).iterdir():
+            if _SPILL_NAME.fullmatch(f.name) and f.is_file():
+                f.unlink(missing_ok=True)
 
     def write(self, views: Sequence[memoryview], length: int) -> str:
         """Write a value to a new file; return its path. Raises OSError."""

@@ -1,8 +1,16 @@
 """Server storage: a preallocated block arena, lanes with LRU eviction, pinned reads.
 
 Values of more than ``SMALL_MAX`` bytes live in fixed-size blocks of one anonymous mmap
-allocated (and pre-faulted) at start, so receiving a value never page-faults fresh
-memory. Smaller values are plain ``bytearray`` objects. Both count against capacity.
+allocated at start and pre-faulted in the background, so receiving a value rarely
+page-faults fresh memory. Smaller values are plain ``bytearray`` objects.
+
+**Memory bound.** Each value is charged its blocks, or for a small one its length but at
+least ``MIN_VALUE_CHARGE``, plus ``ITEM_OVERHEAD`` and its key's length (the index and
+bookkeeping objects). Everything charged outside the arena is backed by arena blocks
+that are *lent* out: taken off the free list and returned to the kernel
+(``MADV_DONTNEED``). So the arena's resident blocks plus everything outside it never
+exceed ``capacity`` (plus one block), whatever the mix of value sizes. A put that cannot
+fit even after evicting every unpinned value evicts nothing.
 
 **Lanes.** A key's namespace is its prefix before the first ``/`` (the whole key has
 namespace ``b""`` if it holds no ``/``); the namespace hashes (CRC-32) onto one of
@@ -28,6 +36,7 @@ disk happens outside the lock.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import threading
@@ -38,6 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..auth import value_digest
 from ..protocol import Status
 from .spill import SpillDir
 
@@ -46,6 +56,13 @@ __all__ = ["BLOCK_SIZE", "LEASE_SKIPS", "Entry", "Reservation", "Store", "namesp
 BLOCK_SIZE = 256 << 10
 SMALL_MAX = 64 << 10
 LEASE_SKIPS = 64  # leased values passed over per eviction before one lease is broken
+ITEM_OVERHEAD = 768  #: bytes charged per item for its index and bookkeeping objects (~700 measured)
+MIN_VALUE_CHARGE = 64  #: least bytes charged for a small value (a zero-length one too)
+SPILL_MIN = 4096  #: smaller victims are dropped, not spilled (a file each would cost more)
+_MADV_DONTNEED = 4
+_MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
+_PREFAULT_CHUNK = 16 << 20  # per madvise call (it holds the GIL)
 
 
 def namespace_of(key: bytes) -> bytes:
@@ -55,23 +72,64 @@ def namespace_of(key: bytes) -> bytes:
 
 
 class Arena:
-    """Fixed-size blocks carved from one pre-faulted anonymous mapping (not thread-safe)."""
+    """Fixed-size blocks carved from one anonymous mapping (not thread-safe).
+
+    With ``prefault``, a background thread faults the mapping in (``MADV_POPULATE_WRITE``,
+    which leaves contents alone, so blocks may be in use meanwhile) and the server
+    listens at once; where the kernel lacks it, pages fault in on first use.
+    """
 
     def __init__(self, nblocks: int, prefault: bool = True) -> None:
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-        if prefault and hasattr(mmap, "MAP_POPULATE"):
-            flags |= mmap.MAP_POPULATE
         self.nblocks = nblocks
-        self._map = mmap.mmap(-1, max(1, nblocks) * BLOCK_SIZE, flags=flags)
+        self._map = mmap.mmap(-1, max(1, nblocks) * BLOCK_SIZE, flags=_MAP_FLAGS)
         self.view = memoryview(self._map)
         anchor = ctypes.c_char.from_buffer(self._map)
         self.base = ctypes.addressof(anchor)  # for registering the arena with RDMA
         del anchor
         self._free = list(range(nblocks - 1, -1, -1))
+        self.lent: list[int] = []
+        self.on_prefaulted: Callable[[], None] = lambda: None
+        self.prefaulted = 0  # bytes faulted in so far by the background thread
+        self._closing = threading.Event()
+        self._prefaulter: threading.Thread | None = None
+        if prefault:
+            self._prefaulter = threading.Thread(
+                target=self._prefault, name="memkv-prefault", daemon=True
+            )
+            self._prefaulter.start()
+
+    def _prefault(self) -> None:
+        size = len(self._map)
+        for start in range(0, size, _PREFAULT_CHUNK):
+            if self._closing.is_set():
+                return
+            try:
+                self._map.madvise(_MADV_POPULATE_WRITE, start, min(_PREFAULT_CHUNK, size - start))
+            except OSError:
+                return  # an older kernel: pages fault in on first use instead
+            self.prefaulted = min(size, start + _PREFAULT_CHUNK)
+        self.on_prefaulted()
 
     @property
     def free_blocks(self) -> int:
         return len(self._free)
+
+    def lend(self) -> None:
+        """Take a free block out of use and give its pages back to the kernel: it backs
+        memory charged outside the arena (small values, bookkeeping)."""
+        b = self._free.pop()
+        self.lent.append(b)
+        with contextlib.suppress(OSError, ValueError):
+            self._map.madvise(_MADV_DONTNEED, b * BLOCK_SIZE, BLOCK_SIZE)
+
+    def unlend(self) -> None:
+        self._free.append(self.lent.pop())
+
+    def release_lent_pages(self) -> None:
+        """Drop the pages of every lent block again (after the pre-faulter touched them)."""
+        for b in self.lent:
+            with contextlib.suppress(OSError, ValueError):
+                self._map.madvise(_MADV_DONTNEED, b * BLOCK_SIZE, BLOCK_SIZE)
 
     def alloc(self, n: int) -> list[int] | None:
         if n > len(self._free):
@@ -87,6 +145,9 @@ class Arena:
         return self.view[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]
 
     def close(self) -> None:
+        self._closing.set()
+        if self._prefaulter is not None:
+            self._prefaulter.join()
         self.view.release()
         self._map.close()
 
@@ -99,6 +160,7 @@ class Entry:
     lane: int
     length: int
     charge: int  # bytes counted against capacity while held in memory
+    outside: int = 0  # the part of ``charge`` not in arena blocks
     blocks: list[int] = field(default_factory=list)
     small: bytearray | None = None
     path: str | None = None  # spilled to this file
@@ -106,6 +168,7 @@ class Entry:
     linked: bool = True  # still reachable from the index
     freed: bool = False
     lease_until: float = 0.0  # eviction passes over it until then (monotonic seconds)
+    digest: bytes = b""  # SHA-256 of the value, sent with it on GET
 
 
 @dataclass(eq=False)
@@ -151,6 +214,12 @@ class Store:
         capacity -= capacity % BLOCK_SIZE
         self.capacity = capacity
         self.arena = Arena(capacity // BLOCK_SIZE, prefault)
+        self.arena.on_prefaulted = self._after_prefault
+        self._outside = 0  # bytes charged outside the arena (backed by lent blocks)
+        # charges (all, and the part outside the arena) of the values eviction may take,
+        # and of those pinned by readers (evicting them frees nothing until unpinned)
+        self._in_lru = [0, 0]
+        self._pinned = [0, 0]
         self.lanes = [LaneStats(share=capacity // lanes) for _ in range(lanes)]
         self.max_value = capacity // lanes // BLOCK_SIZE * BLOCK_SIZE
         self.used = 0
@@ -182,12 +251,12 @@ class Store:
                     self._touch(e)
                     if until > e.lease_until:
                         e.lease_until = until
-                out.append(e is not None)
+                out.append(e is not None or k in self._spilling)
         return out
 
     def size(self, key: bytes) -> int | None:
         with self._lock:
-            e = self._index.get(key)
+            e = self._index.get(key) or self._spilling.get(key)
             return None if e is None else e.length
 
     def pin(self, key: bytes) -> Entry | None:
@@ -196,19 +265,29 @@ class Store:
             e = self._index.get(key)
             lane = self.lanes[self.lane_of(key)]
             if e is None:
-                lane.misses += 1
-                return None
+                e = self._spilling.get(key)  # being written out: still in memory, readable
+                if e is None:
+                    lane.misses += 1
+                    return None
+            else:
+                self._touch(e)
             lane.hits += 1
             self.counters["gets"] += 1
-            self._touch(e)
             e.refs += 1
+            if e.refs == 1 and self._in_lru_now(e):
+                _add(self._pinned, e)
             return e
 
     def unpin(self, e: Entry) -> None:
         with self._lock:
             e.refs -= 1
+            if e.refs == 0 and self._in_lru_now(e):
+                _add(self._pinned, e, -1)
             if e.refs == 0 and not e.linked:
                 self._free(e)
+
+    def _in_lru_now(self, e: Entry) -> bool:
+        return e.path is None and self.lanes[e.lane].lru.get(e.key) is e
 
     def views(self, e: Entry) -> list[memoryview]:
         """The value's bytes as memoryviews (in-memory entries only; pin first)."""
@@ -237,13 +316,20 @@ class Store:
         lane_i = self.lane_of(key)
         small = length <= SMALL_MAX
         nblocks = 0 if small else -(-length // BLOCK_SIZE)
-        charge = length if small else nblocks * BLOCK_SIZE
+        outside = ITEM_OVERHEAD + len(key) + (max(MIN_VALUE_CHARGE, length) if small else 0)
+        charge = nblocks * BLOCK_SIZE + outside
         deadline: float | None = None
         while True:
             to_spill: list[Entry] = []
             with self._lock:
-                status = self._make_room(lane_i, charge, to_spill)
+                if self._could_fit(nblocks, outside):
+                    status = self._make_room(lane_i, charge, nblocks, outside, to_spill)
+                else:
+                    status = Status.NO_SPACE  # evicting cannot help now: evict nothing
                 if status is Status.OK:
+                    self._outside += outside
+                    while len(self.arena.lent) < self._blocks_for(self._outside):
+                        self.arena.lend()
                     blocks: list[int] = []
                     if nblocks:
                         got = self.arena.alloc(nblocks)
@@ -251,7 +337,7 @@ class Store:
                         blocks = got
                     self.used += charge
                     self.lanes[lane_i].used += charge
-                    e = Entry(key, lane_i, length, charge, blocks, linked=False)
+                    e = Entry(key, lane_i, length, charge, outside, blocks, linked=False)
                     if small:
                         e.small = bytearray(length)
                     return Reservation(e, self.views(e))
@@ -264,10 +350,33 @@ class Store:
                     continue
             self._spill_out(to_spill)
 
-    def _make_room(self, lane_i: int, charge: int, to_spill: list[Entry]) -> Status:
-        """Under the lock: evict until ``charge`` fits. Victims to spill go to ``to_spill``."""
+    @staticmethod
+    def _blocks_for(outside: int) -> int:
+        return -(-outside // BLOCK_SIZE)
+
+    def _fits(self, nblocks: int, outside: int) -> bool:
+        """Under the lock: free (and lent) blocks cover ``nblocks`` more arena blocks and
+        ``outside`` more bytes outside the arena."""
+        arena = self.arena
+        return nblocks + self._blocks_for(self._outside + outside) <= (
+            arena.free_blocks + len(arena.lent)
+        )
+
+    def _could_fit(self, nblocks: int, outside: int) -> bool:
+        """Under the lock: whether evicting every unpinned value would make room, so a
+        put that cannot fit evicts nothing."""
+        ev_all = self._in_lru[0] - self._pinned[0]
+        ev_outside = self._in_lru[1] - self._pinned[1]
+        arena_left = (self.used - self._outside) - (ev_all - ev_outside)
+        rest = self._outside - ev_outside + outside
+        return arena_left // BLOCK_SIZE + nblocks + self._blocks_for(rest) <= self.arena.nblocks
+
+    def _make_room(
+        self, lane_i: int, charge: int, nblocks: int, outside: int, to_spill: list[Entry]
+    ) -> Status:
+        """Under the lock: evict until the value fits. Victims to spill go to ``to_spill``."""
         lane = self.lanes[lane_i]
-        while self.used + charge > self.capacity:
+        while not self._fits(nblocks, outside):
             if lane.used + charge > lane.share and lane.lru:
                 victim_lane = lane
             else:
@@ -277,7 +386,7 @@ class Store:
                 return Status.NO_SPACE  # everything left is pinned/in flight: wait
             victim = self._pop_victim(victim_lane)
             victim_lane.evictions += 1
-            if self.spill is not None and victim.length <= self.spill.capacity:
+            if self.spill is not None and SPILL_MIN <= victim.length <= self.spill.capacity:
                 victim.refs += 1  # keep its memory while it is written out
                 to_spill.append(victim)
                 self._spilling[victim.key] = victim
@@ -302,11 +411,19 @@ class Store:
                 if e.lease_until > now:
                     lane.lease_breaks += 1
         _, victim = lru.popitem(last=False)
+        _add(self._in_lru, victim, -1)
+        if victim.refs:
+            _add(self._pinned, victim, -1)
         return victim
 
-    def commit(self, res: Reservation) -> None:
-        """Publish a filled reservation, replacing any previous value of the key."""
+    def commit(self, res: Reservation, digest: bytes | None = None) -> None:
+        """Publish a filled reservation, replacing any previous value of the key.
+
+        ``digest`` is the value's SHA-256 if the caller has checked it already; otherwise
+        it is computed here.
+        """
         e = res.entry
+        e.digest = value_digest(res.views) if digest is None else digest
         with self._lock:
             self._spilling.pop(e.key, None)  # a spill in flight is now stale
             old = self._index.get(e.key)
@@ -316,6 +433,7 @@ class Store:
             self._index[e.key] = e
             lane = self.lanes[e.lane]
             lane.lru[e.key] = e
+            _add(self._in_lru, e)
             lane.items += 1
             self.counters["puts"] += 1
 
@@ -344,6 +462,9 @@ class Store:
             lane = self.lanes[e.lane]
             if lane.lru.get(e.key) is e:
                 del lane.lru[e.key]
+                _add(self._in_lru, e, -1)
+                if e.refs:
+                    _add(self._pinned, e, -1)
             lane.items -= 1
         e.linked = False
         if e.refs == 0:
@@ -360,6 +481,9 @@ class Store:
         if e.blocks:
             self.arena.release(e.blocks)
         e.small = None
+        self._outside -= e.outside
+        while len(self.arena.lent) > self._blocks_for(self._outside) + 1:  # one spare
+            self.arena.unlend()
         self.used -= e.charge
         self.lanes[e.lane].used -= e.charge
         self._freed.notify_all()
@@ -379,7 +503,7 @@ class Store:
                 if current:
                     del self._spilling[v.key]
                 if path is not None and current and v.key not in self._index:
-                    d = Entry(v.key, v.lane, v.length, 0, path=path)
+                    d = Entry(v.key, v.lane, v.length, 0, path=path, digest=v.digest)
                     self._index[v.key] = d
                     self._disk[v.key] = d
                     self.lanes[v.lane].spills += 1
@@ -395,6 +519,10 @@ class Store:
         while self.spill.used > self.spill.capacity and self._disk:
             _, victim = self._disk.popitem(last=False)
             self._unlink(victim)
+
+    def _after_prefault(self) -> None:
+        with self._lock:
+            self.arena.release_lent_pages()
 
     def open_spilled(self, e: Entry) -> int:
         """An fd of a pinned spilled entry; the data stays readable even if it is unlinked."""
@@ -414,6 +542,9 @@ class Store:
                 "max_value": self.max_value,
                 "block_size": BLOCK_SIZE,
                 "free_blocks": self.arena.free_blocks,
+                "prefaulted": self.arena.prefaulted,
+                "outside_arena": self._outside,
+                "lent_blocks": len(self.arena.lent),
                 "counters": dict(self.counters),
                 "spill": None
                 if self.spill is None
@@ -444,3 +575,9 @@ class Store:
             self._index.clear()
         if self.spill is not None:
             self.spill.close()
+
+
+def _add(total: list[int], e: Entry, sign: int = 1) -> None:
+    """Add (or with ``sign=-1`` subtract) an entry's charge and its outside part."""
+    total[0] += sign * e.charge
+    total[1] += sign * e.outside

@@ -1,0 +1,156 @@
+"""A full L1 in front of a slow L2: `l1_overflow` decides whether new blocks or old ones lose.
+
+Real files; the disk is made slow by delaying (or holding) every L2 write on its I/O thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from conftest import MakeConfig, hold_l2_writes, key
+from kvpool_mmap import ConfigError, StoreConfig, Tier, TieredStore
+from kvpool_mmap._io import BlockMover
+from test_store import assert_blocks, check_invariants, put_chain, settle
+
+Factory = Callable[..., TieredStore]
+CHAIN = 4
+
+
+@pytest.fixture
+def slow_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every L2 write takes 50 ms (a disk far slower than the stores arriving)."""
+    write = BlockMover.write_block
+
+    def slow(self: BlockMover, *args: object) -> list[int]:
+        time.sleep(0.05)
+        return write(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BlockMover, "write_block", slow)
+
+
+@pytest.fixture
+def held_disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Every L2 write waits for the yielded gate (released at teardown at the latest)."""
+    gate = hold_l2_writes(monkeypatch)
+    yield gate
+    gate.set()
+
+
+def overloaded(make_config: MakeConfig, **overrides: object) -> StoreConfig:
+    """8 L1 slots, a 64-slot L2, one I/O thread, at most 2 background writes in flight."""
+    return make_config(
+        l1_slots=8, l2_slots=64, tp_size=2, io_threads=1, max_inflight_io=2, **overrides
+    )
+
+
+def stream(s: TieredStore, chains: int) -> list[int]:
+    """Store `chains` new 4-block prompts back to back; the blocks each put stored."""
+    return [put_chain(s, list(range(c * CHAIN, (c + 1) * CHAIN))) for c in range(chains)]
+
+
+def readable_ids(s: TieredStore) -> list[int]:
+    """The block ids the store offers now, in either tier."""
+    return sorted(int.from_bytes(k[:32], "big") for k in s.keys(tier=None))
+
+
+@pytest.mark.usefixtures("slow_disk")
+def test_by_default_the_newest_blocks_are_stored_and_hit(
+    make_config: MakeConfig, store_factory: Factory
+) -> None:
+    s = store_factory(overloaded(make_config))
+    stored = stream(s, chains=6)  # 24 blocks through 8 slots; the disk writes 20 per second
+    assert stored == [CHAIN] * 6
+    st = s.stats()
+    assert st.store_no_space == 0
+    assert st.dropped_unwritten > 0
+    newest = list(range(5 * CHAIN, 6 * CHAIN))
+    assert s.lookup([key(i) for i in newest]) == [Tier.L1] * CHAIN
+    assert_blocks(s, newest)
+    settle(s)
+    check_invariants(s)
+    readable = readable_ids(s)
+    assert set(newest) <= set(readable)
+    assert_blocks(s, readable)  # every block still offered has exactly its bytes
+    assert s.stats().checksum_failures == 0
+
+
+@pytest.mark.usefixtures("slow_disk")
+def test_demote_mode_refuses_new_blocks_while_the_disk_catches_up(
+    make_config: MakeConfig, store_factory: Factory
+) -> None:
+    """The seed's design: victims wait for their L2 copy, so new blocks find no slot."""
+    s = store_factory(overloaded(make_config, l1_overflow="demote"))
+    stored = stream(s, chains=6)
+    assert stored[:2] == [CHAIN, CHAIN]  # L1 had room
+    assert sum(stored[2:]) < 4 * CHAIN
+    st = s.stats()
+    assert st.store_no_space == 6 * CHAIN - sum(stored)
+    assert st.dropped_unwritten == 0
+    newest = [key(i) for i in range(5 * CHAIN, 6 * CHAIN)]
+    assert len(s.lookup(newest)) < CHAIN
+    settle(s)
+    check_invariants(s)
+    readable = readable_ids(s)
+    assert_blocks(s, readable)
+    assert s.stats().checksum_failures == 0
+
+
+@pytest.mark.parametrize("overflow", ["drop_unwritten", "demote"])
+def test_a_victim_is_never_reused_or_served_half_written(
+    make_config: MakeConfig,
+    store_factory: Factory,
+    held_disk: threading.Event,
+    overflow: str,
+) -> None:
+    """L1 is full; block 4's write-through is on the disk (held there), 5-7 wait in the
+    queue. New blocks may take the slots of 5-7 (dropped: no L2 copy, no write started),
+    never block 4's slot while its write reads it; after a restart L2 holds 4 intact."""
+    cfg = make_config(
+        l1_slots=4, l2_slots=32, tp_size=2, io_threads=1, max_inflight_io=1, l1_overflow=overflow
+    )
+    s = store_factory(cfg)
+    assert put_chain(s, [4, 5, 6, 7]) == 4
+    stored = put_chain(s, [8, 9, 10, 11])
+    st = s.stats()
+    if overflow == "drop_unwritten":
+        assert stored == 3  # 5, 6, 7 dropped; 4's slot frees when its write lands
+        assert st.dropped_unwritten == 3
+        assert s.lookup([key(i) for i in (5, 6, 7)]) == []
+        assert s.lookup([key(i) for i in (8, 9, 10)]) == [Tier.L1] * 3
+    else:
+        assert stored == 0  # every victim waits for its L2 write
+        assert (st.dropped_unwritten, st.demotions) == (0, 3)
+    assert_blocks(s, [4])  # still readable from L1 while its write is held
+    held_disk.set()
+    settle(s)
+    check_invariants(s)
+    assert s.lookup([key(4)]) == [Tier.L2]
+    assert_blocks(s, readable_ids(s))
+    s.close()
+    again = store_factory(cfg)
+    recovered = readable_ids(again)
+    assert 4 in recovered
+    assert_blocks(again, recovered)
+    assert again.stats().checksum_failures == 0
+
+
+def test_a_disk_that_keeps_up_loses_nothing(
+    make_config: MakeConfig, store_factory: Factory
+) -> None:
+    """Write-through lands between prompts: every victim is already in L2, none dropped."""
+    s = store_factory(overloaded(make_config))
+    for c in range(6):
+        assert put_chain(s, list(range(c * CHAIN, (c + 1) * CHAIN))) == CHAIN
+        settle(s)
+    st = s.stats()
+    assert (st.store_no_space, st.dropped_unwritten) == (0, 0)
+    assert st.l1_evictions == 4 * CHAIN
+    assert_blocks(s, list(range(6 * CHAIN)))
+
+
+def test_bad_l1_overflow_names_the_setting(make_config: MakeConfig) -> None:
+    with pytest.raises(ConfigError, match=r"l1_overflow must be one of .*drop_unwritten.*demote"):
+        make_config(l1_overflow="refuse")
