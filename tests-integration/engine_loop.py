@@ -162,8 +162,8 @@ class EngineLoop:
         )
 
     # -- requests --------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[list[int]], max_tokens: int = 4) -> list[dict[str, Any]]:
-        """Run `prompts` to completion; per prompt its output tokens and cached tokens."""
+    def submit(self, prompts: Sequence[list[int]], max_tokens: int = 4) -> list[str]:
+        """Add `prompts` to the scheduler (greedy, `max_tokens` each); their request ids."""
         from vllm import SamplingParams
         from vllm.v1.request import Request
 
@@ -184,6 +184,11 @@ class EngineLoop:
             self._requests[req_id] = request
             self.scheduler.add_request(request)
             ids.append(req_id)
+        return ids
+
+    def generate(self, prompts: Sequence[list[int]], max_tokens: int = 4) -> list[dict[str, Any]]:
+        """Run `prompts` to completion; per prompt its output tokens and cached tokens."""
+        ids = self.submit(prompts, max_tokens)
         results: dict[str, dict[str, Any]] = {}
         for _ in range(1000):
             if all(req_id in results for req_id in ids):

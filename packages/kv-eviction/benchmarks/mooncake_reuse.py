@@ -33,8 +33,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable
 
 from kv_eviction import BeladyPolicy, make_policy, simulate
-from kv_eviction._chainheap import SEQ_BITS, ChainHeapPolicy
 from kv_eviction.auto import Candidate, CandidatePolicy
+from kv_eviction.chainheap import SEQ_BITS, ChainHeapPolicy
 from kv_eviction.cli import load_trace
 from kv_eviction.policy import EvictionPolicy
 from kv_eviction.trace import Trace

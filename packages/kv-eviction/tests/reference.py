@@ -7,6 +7,18 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+SWITCH_EVERY_EPOCH: dict[str, Any] = {
+    "sample_entries": 4,
+    "min_shadow_keys": 1,
+    "sample_budget": 16.0,
+    "min_epoch": 8,
+    "switch_margin": 0.0,
+    "switch_sigmas": 0.0,
+    "confirm_epochs": 1,
+}
+"""`AutoPolicy` options that sample every key and switch on any lead, every 8 accesses:
+the stress configuration of the tests that check victims while rules switch."""
+
 
 @dataclass
 class Entry:

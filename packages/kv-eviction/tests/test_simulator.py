@@ -27,7 +27,9 @@ def test_lru_numbers_by_hand() -> None:
         (("a", "x"), 8),  # hit a (4); full: b has a child, a is pinned -> evict c
         (("a", "b", "c"), 10),  # hit a, b (8); c stored again, evicting x
     )
-    result = simulate(trace, make_policy("lru"), capacity=3, kv_bytes_per_token=2)
+    result = simulate(
+        trace, make_policy("lru"), capacity=3, kv_bytes_per_token=2, store_partial_blocks=True
+    )
     assert result.input_tokens == 36
     assert result.hit_tokens == 20
     assert result.token_hit_rate == pytest.approx(20 / 36)
@@ -36,6 +38,14 @@ def test_lru_numbers_by_hand() -> None:
     assert result.blocks_written == 5
     assert result.bytes_written == 5 * 4 * 2
     assert result.evictions == 2
+
+
+def test_a_trailing_partial_block_is_never_stored_or_hit_as_in_vllm() -> None:
+    trace = _trace((("a", "b", "c"), 10), (("a", "b", "c"), 10))  # c holds 2 of 4 tokens
+    result = simulate(trace, make_policy("lru"), capacity=8)
+    assert (result.blocks_written, result.hit_tokens) == (2, 8)  # a and b only
+    old = simulate(trace, make_policy("lru"), capacity=8, store_partial_blocks=True)
+    assert (old.blocks_written, old.hit_tokens) == (3, 10)
 
 
 def test_marconi_keeps_a_hot_prefix_through_a_burst_that_flushes_lru() -> None:

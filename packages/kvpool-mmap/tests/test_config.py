@@ -89,9 +89,22 @@ def test_budget_split_over_dp_and_tp(make_config: MakeConfig) -> None:
 
 
 def test_bad_policy_name(make_config: MakeConfig) -> None:
-    cfg = make_config(eviction_policy="fifo-nonexistent")
-    with pytest.raises(ConfigError, match="eviction_policy"):
-        TieredStore(cfg)
+    with pytest.raises(
+        ConfigError, match=r"eviction_policy.*'fifo-nonexistent'.*accepted values: auto, .*lru"
+    ):
+        make_config(eviction_policy="fifo-nonexistent")
+
+
+def test_bad_policy_option_named_before_anything_opens(make_config: MakeConfig) -> None:
+    with pytest.raises(ConfigError, match=r"eviction_options.*'smoothing'.*\[0, 1\)"):
+        make_config(eviction_policy="auto", eviction_options={"smoothing": 2.0})
+
+
+def test_default_policy_is_auto_with_settable_options(make_config: MakeConfig) -> None:
+    assert make_config().eviction_policy == "auto"
+    assert make_config(eviction_options={"sample_entries": 512}).eviction_options == {
+        "sample_entries": 512
+    }
 
 
 def test_missing_path(tmp_path: Path, make_config: MakeConfig) -> None:

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import pytest
+from kv_eviction import MarconiPolicy, make_policy, register_policy
+from kv_eviction.lru import LRUPolicy
 from vllm_marconi_offload.config import ConfigError, OffloadConfig
 
 
-def test_defaults_are_single_tier_anonymous_marconi() -> None:
+def test_defaults_are_single_tier_anonymous_auto() -> None:
     config = OffloadConfig.from_extra_config({})
     assert config.cpu_pool_path is None
     assert not config.has_l2
-    assert config.eviction_policy == "marconi"
-    assert config.eviction_options == {"decay": 0.0, "reuse_mode": "linear"}
+    assert config.eviction_policy == "auto"
+    assert config.eviction_options == {}
     assert config.admission_threshold == 1
     assert config.l1_overflow == "drop_unwritten"
+
+
+def test_marconi_when_asked_for_is_the_seeds() -> None:
+    config = OffloadConfig.from_extra_config({"eviction_policy": "marconi"})
+    policy = make_policy(config.eviction_policy, **config.eviction_options)
+    assert isinstance(policy, MarconiPolicy)
+    assert (policy.decay, policy.reuse_mode) == (0.0, "linear")
 
 
 def test_seed_quickstart_config_is_accepted() -> None:
@@ -37,10 +46,28 @@ def test_seed_quickstart_config_is_accepted() -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"eviction_policy": "fifo"}, "eviction_policy must be one of ['marconi', 'lru', 'auto']"),
-        ({"eviction_reuse_mode": "square"}, "eviction_reuse_mode must be one of"),
-        ({"eviction_decay": -0.1}, "eviction_decay must be a finite number >= 0.0"),
-        ({"eviction_decay": float("nan")}, "eviction_decay"),
+        (
+            {"eviction_policy": "fifo"},
+            "eviction_policy: eviction policy 'fifo' is unknown; accepted values: auto, ",
+        ),
+        (
+            {"eviction_policy": "marconi", "eviction_reuse_mode": "square"},
+            "eviction_policy / eviction_reuse_mode: option 'reuse_mode' must be one of",
+        ),
+        (
+            {"eviction_policy": "marconi", "eviction_decay": -0.1},
+            "eviction_policy / eviction_decay: option 'decay' must be",
+        ),
+        ({"eviction_policy": "marconi", "eviction_decay": float("nan")}, "eviction_decay"),
+        (
+            {"eviction_options": {"smoothing": 1.5}},
+            "eviction_policy / eviction_options: option 'smoothing' must be a number in [0, 1)",
+        ),
+        ({"eviction_options": [1]}, "eviction_options must be a mapping"),
+        (
+            {"eviction_policy": "marconi", "eviction_decay": 0.1, "eviction_options": {"decay": 0}},
+            "eviction_decay and eviction_options['decay'] both set",
+        ),
         ({"cpu_bytes_to_use": 0}, "cpu_bytes_to_use must be a byte count in [1, 2^60]"),
         ({"cpu_bytes_to_use": "lots"}, "cpu_bytes_to_use must be a byte count"),
         ({"cpu_bytes_to_use": 1.5}, "cpu_bytes_to_use must be a byte count"),
@@ -57,6 +84,14 @@ def test_bad_values_name_the_key(extra: dict[str, object], message: str) -> None
     with pytest.raises(ConfigError) as excinfo:
         OffloadConfig.from_extra_config(extra)
     assert message in str(excinfo.value)
+
+
+def test_marconi_aliases_with_another_policy_are_ignored_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = OffloadConfig.from_extra_config({"eviction_decay": 0.1})  # auto, the default
+    assert config.eviction_options == {}
+    assert "eviction_decay is ignored: eviction_policy='auto'" in caplog.text
 
 
 def test_lru_takes_no_marconi_options(caplog: pytest.LogCaptureFixture) -> None:
@@ -162,6 +197,17 @@ def test_kvpool_errors_use_the_users_keys() -> None:
         raise kvpool_mmap.PoolInUseError(16, "x is in use; its own engine_id or its own l2.path")
     assert busy.value.errno == 16
     assert "its own pool_name or its own l2_pool_path" in str(busy.value)
+
+
+def test_auto_options_are_settable() -> None:
+    config = OffloadConfig.from_extra_config({"eviction_options": {"sample_entries": 512}})
+    assert (config.eviction_policy, config.eviction_options) == ("auto", {"sample_entries": 512})
+
+
+def test_a_newly_registered_policy_needs_no_plugin_edit() -> None:
+    register_policy("test-plugin-lru", LRUPolicy)
+    config = OffloadConfig.from_extra_config({"eviction_policy": "test-plugin-lru"})
+    assert config.eviction_policy == "test-plugin-lru"
 
 
 @pytest.mark.vllm  # the worker's modules import torch

@@ -7,8 +7,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from kv_eviction import policy_names
 from kvpool_mmap import TieredStore
-from vllm_marconi_offload.config import EVICTION_POLICIES, OffloadConfig
+from vllm_marconi_offload.config import OffloadConfig
 from vllm_marconi_offload.layout import LayoutError, SlotLayout
 from vllm_marconi_offload.pool import (
     adopt_physical_layout,
@@ -38,7 +39,7 @@ def layout() -> SlotLayout:
     return SlotLayout.from_kv_cache_config(SimpleNamespace(kv_cache_groups=[group], num_blocks=8))
 
 
-@pytest.mark.parametrize("policy", EVICTION_POLICIES)
+@pytest.mark.parametrize("policy", policy_names())
 def test_every_eviction_policy_opens_a_store(tmp_path: Path, policy: str) -> None:
     config = OffloadConfig.from_extra_config(
         {

@@ -12,9 +12,18 @@ from ._version import __version__
 from .admission import AdmissionTracker
 from .auto import AutoPolicy
 from .belady import BeladyPolicy
+from .candidate import RulePolicy
+from .chainheap import ChainHeapPolicy
 from .lru import LRUPolicy
 from .marconi import REUSE_MODES, MarconiPolicy
-from .policy import EvictionPolicy, PolicyStats, make_policy, policy_names, register_policy
+from .policy import (
+    EvictionPolicy,
+    PolicyStats,
+    make_policy,
+    policy_names,
+    register_policy,
+    validate_policy,
+)
 from .simulator import SimResult, simulate
 from .trace import Request, Trace
 
@@ -23,11 +32,13 @@ __all__ = [
     "AdmissionTracker",
     "AutoPolicy",
     "BeladyPolicy",
+    "ChainHeapPolicy",
     "EvictionPolicy",
     "LRUPolicy",
     "MarconiPolicy",
     "PolicyStats",
     "Request",
+    "RulePolicy",
     "SimResult",
     "Trace",
     "__version__",
@@ -35,4 +46,5 @@ __all__ = [
     "policy_names",
     "register_policy",
     "simulate",
+    "validate_policy",
 ]

@@ -11,7 +11,7 @@ keys it becomes the old one and the previous old one is dropped. A never-seen ke
 reported as seen with probability about 3.5% per full generation (7% when both are full,
 measured); that only makes the doorkeeper treat a one-shot key like a repeated one, as
 LRU treats every key. Dropping a generation allocates a new one: one O(window) step per
-`window` additions, amortized like the heap rebuild of `_chainheap.py`.
+`window` additions, amortized like the heap rebuild of `chainheap.py`.
 """
 
 from __future__ import annotations

@@ -1,242 +1,232 @@
-"""`auto`: a policy that picks its own scoring rule by miniature simulation.
+"""`auto`: a policy that picks its own rule by miniature simulation.
 
-The main cache orders keys by one *candidate* rule at a time. Every candidate is a
-point of one family, computed in log space and fixed between touches (so the lazy heap
-of `ChainHeapPolicy` applies unchanged):
+The main cache orders keys by one `Candidate` rule at a time (`candidate.py`: LRU,
+frequency and Marconi-shaped rules with a decay per cache turnover, doorkeepers and a
+probation window). Alongside, each candidate runs a miniature simulation (Waldspurger et
+al., "Cache Modeling and Optimization using Miniature Simulations", USENIX ATC '17; the
+spatially hashed sampling of SHARDS, Waldspurger et al., FAST '15): a shadow cache that
+sees only the keys whose hash falls in a sample of rate R and holds R x C keys, so it
+behaves like the full-size cache on a scaled-down key space. Every insert or touch the
+main cache sees is one access for the shadows.
 
-    log score = log(reuse) - depth_weight x log(depth + 1) + (c / C) x last_use
+**Bounded cost.** R = 2**-shift is the smaller of `sample_entries` / C (a shadow never
+holds more than `sample_entries` keys) and `sample_budget` / K for K candidates, rounded
+down to a power of two: an access costs the main cache's work plus, on average, at most
+`sample_budget` shadow accesses, at every size. A shadow is a plain dict and heap (no
+chains or pins: sampled keys rarely share a prefix), a few dict and heap operations per
+access.
 
-with `reuse` the use count (`linear`) or log1p of it (`log`), `last_use` the value of an
-internal clock that counts inserted blocks, and `C` the cache's capacity in blocks.
-Measuring age in inserted blocks and scaling the decay by the capacity makes `c` the
-decay per cache turnover, a unit that means the same at every size and rate, so no
-candidate is tuned to one trace; `lru` is the candidate with pure recency.
+**Paired comparison.** All shadows see the same sampled accesses, so each is compared
+with the current rule's shadow access by access: it *wins* an access it hits and the
+current rule misses, and *loses* the opposite (McNemar's test). After each epoch (a
+quarter turnover: C / 4 accesses, at least `min_epoch`), wins minus losses and wins plus
+losses are averaged over epochs with weight `smoothing` (0.8) on the past; a candidate
+leads when its averaged lead exceeds `switch_sigmas` (2) standard deviations of that
+average (a Poisson count of discordant accesses, shrunk by the averaging) and
+`switch_margin` (2%) of the current rule's averaged hits. Shadows of fewer than
+`min_shadow_keys` (32) keys are too coarse to stand for the cache and decide nothing, so
+below 32 / R blocks (512 with the default candidates) `auto` is LRU. The leader becomes the main rule after leading
+`confirm_epochs` (3) epochs in a row (the leader may change between those epochs, so
+near-tied rules do not restart the count), so near-ties and passing phases cause no
+churn (a switch costs hits while the cache re-forms). The first candidate, `lru`, is the
+safe default: as soon as it leads the current rule, the policy falls back to it without
+waiting. A switch re-keys the tracked keys `RESCORE_STEP` per later operation (no stall;
+victims mix both orders until the pass ends, within C / 2 operations). It starts as
+`lru`, and the shadows start with the first insert (unbounded until the first eviction
+tells the capacity), so they are warm when the first decision is due.
 
-A candidate may also be a *doorkeeper* (the admission idea of TinyLFU, Einziger et al.,
-ACM TOS 2017, and of 2Q's ghost queue, Johnson and Shasha, VLDB '94, applied inside the
-eviction order since every block is stored): a block stored for the first time, i.e. not
-evicted within the last `GHOST_TURNOVERS` to twice that many turnovers (a Bloom-filter
-ghost of evicted keys, `_ghost.py`), and not hit since, is evicted before every other
-block, oldest first. Where most blocks are used once and the rest return after longer
-than one turnover (long-document QA, RAG questions), LRU's horizon is spent on one-shot
-blocks; the doorkeeper gives it to blocks that have come back. Where the next request
-reuses what was just written (multi-turn chat, agents), it is wrong, and the shadows
-keep it out. The main cache keeps a ghost from the first epoch in which a doorkeeper leads
-the shadows until it switches from a doorkeeper to a rule without one, and looks a stored
-key up only while a doorkeeper rule is current; after a switch to one, the re-scoring pass
-looks up the keys stored before it that were never hit.
-
-Alongside, each candidate runs a miniature simulation (Waldspurger et al., "Cache
-Modeling and Optimization using Miniature Simulations", USENIX ATC '17): a shadow cache
-that sees only the keys whose hash falls in a sample of rate R = min(1, S / C) and holds
-R x C keys, so it behaves like the full-size cache on a scaled-down key space. Every
-insert or touch the main cache sees is one access for the shadows. After each epoch
-(one turnover: C accesses, at least `min_epoch`), the candidate with the most shadow
-hits (exponentially averaged over epochs) becomes the main rule if it leads the current
-one by more than the `switch_margin` (5%) and by more than `switch_sigmas` (2) standard
-deviations of the hit counts (treated as Poisson), in `confirm_epochs` (3) epochs in a
-row (the leader may change between those epochs: near-tied leaders do not restart the
-count), so near-ties and passing phases cause no churn (a switch costs hits while the cache
-re-forms); scores are averaged with weight `smoothing` (0.8) on the past. The first
-candidate, `lru`, is the safe default: as soon as its shadow leads the current rule by
-more than the noise, the policy falls back to it without waiting. Switching re-scores
-every key once, 16 keys per later operation (no stall; victims mix both orders until the
-pass ends), at most once per epoch. It starts as `lru`.
+A doorkeeper rule needs a ghost of evicted keys; the main cache keeps one from the first
+epoch in which a doorkeeper leads until it switches to a rule without one, and looks a
+stored key up only while a doorkeeper rule is current; after a switch to one, the
+re-keying pass looks up the keys stored before it that were never hit.
 
 The capacity is not configured: it is read as the number of tracked keys whenever
-`pop_victims` is called (the owner evicts when the cache is full); the shadows start
-then, since nothing needs choosing before the first eviction. Ticks are ignored.
+`pop_victims` is called (the owner evicts when the cache is full). Ticks are ignored.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from array import array
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from ._chainheap import SEQ_BITS, SLOT_BITS, ChainHeapPolicy
-from ._ghost import Ghost, probe
-from .marconi import float_order_bits
+from ._ghost import Ghost
+from .candidate import (
+    DOORKEEPER_LFU,
+    DOORKEEPER_LRU,
+    GHOST_TURNOVERS,
+    LRU,
+    PROBATION_LRU,
+    SEQ_MASK,
+    Candidate,
+    CandidatePolicy,
+)
+from .chainheap import SLOT_BITS, SLOT_MASK
 from .policy import register_policy, reject_unknown_options
 
 __all__ = ["DEFAULT_CANDIDATES", "AutoPolicy", "Candidate", "CandidatePolicy"]
 
-RESCORE_STEP = 16
-"""Keys re-scored per operation after a rule switch."""
-_SEQ_MASK = (1 << SEQ_BITS) - 1
-_SLOT_MASK = (1 << SLOT_BITS) - 1
+RESCORE_STEP = 2
+"""Keys re-scored per operation after a rule switch: a pass over C keys ends within C / 2
+operations, before the next epoch can switch again."""
+EPOCH_TURNOVERS = 0.25
+"""Epoch length in cache turnovers (at least `min_epoch` accesses): decisions come four
+times per turnover, on leads averaged over about five epochs."""
 _HASH_MULT = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
 
-
-@dataclass(frozen=True)
-class Candidate:
-    """One scoring rule: `lru`, or reuse / (depth + 1)^depth_weight with decay `c`."""
-
-    name: str
-    reuse: str = "linear"
-    """`linear` (use count), `log` (log1p of the use count) or `recency` (LRU)."""
-    depth_weight: float = 0.0
-    decay_per_turnover: float = 0.0
-    doorkeeper: bool = False
-    """Blocks stored for the first time (not evicted within the last few turnovers) and
-    not hit since are evicted before every other block, oldest first."""
-
-    def log_key(self, uses: int, depth: int, last_use: int, capacity: int) -> float:
-        """The rule's log-space key (lower is evicted first)."""
-        if self.reuse == "recency":
-            return 0.0
-        reuse = math.log(uses) if self.reuse == "linear" else math.log(math.log1p(uses))
-        decay = self.decay_per_turnover / max(capacity, 1)
-        return reuse - self.depth_weight * math.log1p(depth) + decay * last_use
-
-
 DEFAULT_CANDIDATES: tuple[Candidate, ...] = (
-    Candidate("lru", reuse="recency"),
-    Candidate("lfu-decay-0.25", reuse="linear", decay_per_turnover=0.25),
+    LRU,
     Candidate("lfu-decay-1", reuse="linear", decay_per_turnover=1.0),
     Candidate("lfu-decay-4", reuse="linear", decay_per_turnover=4.0),
-    Candidate("marconi-decay-0.25", reuse="linear", depth_weight=1.0, decay_per_turnover=0.25),
     Candidate("marconi-decay-1", reuse="linear", depth_weight=1.0, decay_per_turnover=1.0),
-    Candidate("marconi-decay-4", reuse="linear", depth_weight=1.0, decay_per_turnover=4.0),
-    Candidate("log-decay-1", reuse="log", decay_per_turnover=1.0),
-    Candidate("doorkeeper-lru", reuse="recency", doorkeeper=True),
-    Candidate("doorkeeper-lfu-decay-1", decay_per_turnover=1.0, doorkeeper=True),
+    DOORKEEPER_LRU,
+    DOORKEEPER_LFU,
+    PROBATION_LRU,
 )
-
-GHOST_TURNOVERS = 4
-"""The doorkeeper's memory: keys evicted within the last 4 to 8 capacities' worth of
-evictions count as seen before (16 bytes per tracked key, see `_ghost.py`)."""
-_PROBATION = -1 << SEQ_BITS
-"""Priority base of a doorkeeper's first-time block: below every other rule's priority."""
-
-
-class CandidatePolicy(ChainHeapPolicy):
-    """Keys ordered by one `Candidate` rule; the base of `auto` and of its shadows."""
-
-    name = "candidate"
-
-    def __init__(self, candidate: Candidate, capacity: int = 0) -> None:
-        super().__init__()
-        self.candidate = candidate
-        self.capacity = capacity
-        """Capacity C used by the decay; 0 until known."""
-        self.clock = 0
-        """Inserted blocks so far: the age unit."""
-        self.ghost: Ghost | None = None
-        """Recently evicted keys, while a doorkeeper needs them (`set_ghost`)."""
-        self._uses = array("I")
-        self._depth = array("I")
-        self._last = array("q")
-        self._first_time = bytearray()
-
-    def _grow(self) -> None:
-        self._uses.append(0)
-        self._depth.append(0)
-        self._last.append(0)
-        self._first_time.append(0)
-
-    def set_ghost(self, capacity: int) -> None:
-        """Size the doorkeeper's memory for `capacity` keys (kept if already that size)."""
-        window = max(1, GHOST_TURNOVERS * capacity)
-        if self.ghost is None or self.ghost.window != window:
-            self.ghost = Ghost(window)
-
-    def pop_victims(self, n: int) -> list[Hashable]:
-        victims = super().pop_victims(n)
-        ghost = self.ghost
-        if ghost is not None:
-            for key in victims:
-                ghost.add(key)
-        return victims
-
-    def remove(self, key: Hashable) -> None:
-        super().remove(key)
-        if self.ghost is not None:
-            self.ghost.add(key)
-
-    def _priority(self, slot: int, seq: int) -> int:
-        candidate = self.candidate
-        if candidate.doorkeeper and self._first_time[slot]:
-            return _PROBATION | seq
-        if candidate.reuse == "recency":
-            return seq
-        key = self.candidate.log_key(
-            self._uses[slot], self._depth[slot], self._last[slot], self.capacity
-        )
-        return (float_order_bits(key) << SEQ_BITS) | seq
-
-    def _priority_on_insert(self, slot: int, depth: int, seq: int) -> int:
-        self.clock += 1
-        if self.candidate.doorkeeper:
-            ghost = self.ghost
-            parent = self._parent[slot]
-            if ghost is None or (parent >= 0 and self._first_time[parent]):
-                # a block whose prefix is new is new: its hash covers the prefix, and a
-                # child leaves the cache (and enters the ghost) before its parent
-                self._first_time[slot] = 1
-            else:  # the doorkeeper's per-insert cost: one ghost probe
-                seen = probe(ghost.generations, ghost.size, self._keys[slot])
-                self._first_time[slot] = not seen
-        else:
-            self._first_time[slot] = 0  # not looked up: ordered as seen before
-        self._uses[slot] = 1
-        self._depth[slot] = depth
-        self._last[slot] = self.clock
-        return self._priority(slot, seq)
-
-    def _priority_on_touch(self, slot: int, seq: int) -> int:
-        self._first_time[slot] = 0
-        uses = self._uses[slot]
-        if uses < 0xFFFFFFFF:
-            self._uses[slot] = uses + 1
-        self._last[slot] = self.clock
-        return self._priority(slot, seq)
-
-    def rescore(self, candidate: Candidate, capacity: int) -> None:
-        """Switch rule and/or capacity: re-key every tracked key, keeping recency ties."""
-        self.candidate = candidate
-        self.capacity = capacity
-        index = self._index
-        for key, item in index.items():
-            slot = item & _SLOT_MASK
-            seq = (item >> SLOT_BITS) & _SEQ_MASK
-            index[key] = (self._priority(slot, seq) << SLOT_BITS) | slot
-        self._compact()
+"""Seven rules: every shadow costs a share of the sampling budget, so near-duplicates of
+these (decays 0.25, log reuse, Marconi with decay 4) were dropped."""
 
 
 class _Shadow:
     """A miniature simulation of one candidate on the sampled keys.
 
-    With every key sampled (small caches) it counts prefix hits the way the owner sees
-    them: a hit on a key whose parent missed in this shadow does not count, because a
-    prefix lookup would have stopped at the parent.
+    Per key: [sequence number of its live heap item, uses, depth, first time, clock at
+    last use]. Heap items are (rule key, sequence number, key), stale once the key's
+    sequence number moved on. A doorkeeper's first-time keys wait in `fresh` instead
+    (FIFO), evicted first, or once older than the probation window.
     """
 
-    __slots__ = ("cache", "hits", "last_hit", "score")
+    __slots__ = (
+        "candidate",
+        "capacity",
+        "discord",
+        "entries",
+        "fresh",
+        "ghost",
+        "heap",
+        "hits",
+        "lead",
+        "limit",
+        "losses",
+        "recency",
+        "score",
+        "seq",
+        "window",
+        "wins",
+    )
 
     def __init__(self, candidate: Candidate) -> None:
-        self.cache = CandidatePolicy(candidate)
-        self.hits = 0
-        self.score = 0.0
-        self.last_hit: Hashable | None = None
+        self.candidate = candidate
+        self.recency = candidate.reuse == "recency"
+        self.entries: dict[Hashable, list[Any]] = {}
+        self.heap: list[tuple[float, int, Hashable]] = []
+        self.fresh: deque[tuple[int, int, Hashable]] = deque()
+        self.ghost: Ghost | None = None
+        self.limit = 1 << 62
+        """Keys held; unbounded until the main cache's capacity is known."""
+        self.capacity = 0
+        """The full-size cache's capacity C (the decay's unit)."""
+        self.window = 0
+        self.seq = 0
+        self.hits = self.wins = self.losses = 0
+        self.score = self.lead = self.discord = 0.0
 
-    def access(
-        self, key: Hashable, parent: Hashable | None, depth: int, limit: int, chained: bool
+    def resize(
+        self, limit: int, capacity: int, sampled: Callable[[Hashable], bool] | None = None
     ) -> None:
-        cache = self.cache
-        if key in cache:
-            cache.touch(key)
-            if not chained or parent is None or parent == self.last_hit:
-                self.hits += 1
-                self.last_hit = key
+        """Hold `limit` keys for a cache of `capacity`, keeping only `sampled` keys."""
+        self.limit = limit
+        self.capacity = capacity
+        candidate = self.candidate
+        self.window = int(candidate.probation * capacity)
+        if candidate.doorkeeper and capacity:
+            window = max(1, GHOST_TURNOVERS * limit)
+            if self.ghost is None or self.ghost.window != window:
+                self.ghost = Ghost(window)
+        if sampled is not None:
+            self.entries = {k: e for k, e in self.entries.items() if sampled(k)}
+            self.fresh = deque(f for f in self.fresh if f[2] in self.entries)
+            self._rebuild()
+        # keys already in the heap keep the decay of the old capacity until touched, as
+        # in the main cache's incremental re-keying: no O(n) work per resize
+        while len(self.entries) > limit:
+            self._evict(0)
+
+    def _rebuild(self) -> None:
+        """Re-key the heap (after a capacity change) and drop its stale items."""
+        self.heap = [
+            (self._rule_key(e[1], e[2], e[4]), e[0], k) for k, e in self.entries.items() if not e[3]
+        ]
+        heapq.heapify(self.heap)
+
+    def _rule_key(self, uses: int, depth: int, last_use: int) -> float:
+        if self.recency:
+            return 0.0  # order by sequence number alone
+        return self.candidate.log_key(uses, depth, last_use, self.capacity)
+
+    def access(self, key: Hashable, depth: int, clock: int) -> bool:
+        """One access at main-cache clock `clock`; whether it hit."""
+        self.seq += 1
+        seq = self.seq
+        entries = self.entries
+        entry = entries.get(key)
+        if entry is not None:
+            uses = entry[1] + 1
+            entry[0] = seq
+            entry[1] = uses
+            entry[3] = False
+            entry[4] = clock
+            rule_key = 0.0 if self.recency else self._rule_key(uses, entry[2], clock)
+            heapq.heappush(self.heap, (rule_key, seq, key))
+            if len(self.heap) > 2 * len(entries) + 64:
+                self._rebuild()
+            return True
+        ghost = self.ghost
+        first = ghost is not None and key not in ghost
+        entries[key] = [seq, 1, depth, first, clock]
+        if first:
+            self.fresh.append((seq, clock, key))
+        else:
+            rule_key = 0.0 if self.recency else self._rule_key(1, depth, clock)
+            heapq.heappush(self.heap, (rule_key, seq, key))
+        if len(entries) > self.limit:
+            self._evict(clock)
+        return False
+
+    def _evict(self, clock: int) -> None:
+        entries = self.entries
+        fresh = self.fresh
+        heap = self.heap
+        while True:
+            while fresh:
+                seq, _, key = fresh[0]
+                entry = entries.get(key)
+                if entry is not None and entry[3] and entry[0] == seq:
+                    break
+                fresh.popleft()  # hit since, or evicted
+            if fresh and (not heap or fresh[0][1] + self.window <= clock):
+                key = fresh.popleft()[2]
+            elif heap:
+                _, seq, key = heapq.heappop(heap)
+                entry = entries.get(key)
+                if entry is None or entry[0] != seq or entry[3]:
+                    continue  # stale
+            else:
+                return
+            del entries[key]
+            if self.ghost is not None:
+                self.ghost.add(key)
             return
-        cache.insert(key, parent if chained else None, depth)
-        if limit and len(cache) > limit:
-            cache.pop_victims(len(cache) - limit)
+
+    def end_epoch(self, keep: float) -> None:
+        """Fold this epoch's counts into the averages (weight `keep` on the past)."""
+        self.score = keep * self.score + (1.0 - keep) * self.hits
+        self.lead = keep * self.lead + (1.0 - keep) * (self.wins - self.losses)
+        self.discord = keep * self.discord + (1.0 - keep) * (self.wins + self.losses)
+        self.hits = self.wins = self.losses = 0
 
 
 class AutoPolicy(CandidatePolicy):
@@ -249,31 +239,38 @@ class AutoPolicy(CandidatePolicy):
         *,
         candidates: Sequence[Candidate] = DEFAULT_CANDIDATES,
         sample_entries: int = 2048,
+        sample_budget: float = 0.5,
         min_epoch: int = 4096,
-        switch_margin: float = 0.05,
+        switch_margin: float = 0.02,
         switch_sigmas: float = 2.0,
         confirm_epochs: int = 3,
         smoothing: float = 0.8,
+        min_shadow_keys: int = 32,
     ) -> None:
         if not candidates:
             raise ValueError("option 'candidates' must name at least one Candidate")
         super().__init__(candidates[0])
         self.candidates = tuple(candidates)
         self.sample_entries = sample_entries
+        self.sample_budget = sample_budget
         self.min_epoch = min_epoch
         self.switch_margin = switch_margin
         self.switch_sigmas = switch_sigmas
         self.confirm_epochs = confirm_epochs
+        self.smoothing = smoothing
+        self.min_shadow_keys = min_shadow_keys
         self._leader = 0
         self._lead_epochs = 0
-        self.smoothing = smoothing
         self._shadows = [_Shadow(c) for c in self.candidates]
         self._current = 0
-        self._shift = 0  # sampling rate R = 2**-shift
+        self._budget_shift = max(0, math.ceil(math.log2(len(self.candidates) / sample_budget)))
+        self._shift = self._budget_shift  # sampling rate R = 2**-shift
         self._accesses = 0
         self._epoch_length = min_epoch
         self._switches = 0
         self._epochs = 0
+        self._compared = 0
+        """Epochs averaged into the leads since they were last reset (at a switch)."""
         self._rescore_next = 0
         self._rescore_end = 0
 
@@ -281,15 +278,21 @@ class AutoPolicy(CandidatePolicy):
 
     def insert(self, key: Hashable, parent: Hashable | None = None, depth: int = 0) -> None:
         super().insert(key, parent, depth)
-        if self.capacity:  # the shadows start once the capacity is known
-            self._observe(key)
+        self._accesses += 1
+        if not ((hash(key) * _HASH_MULT) & _MASK64) >> (64 - self._shift):
+            self._sample(key, depth)
+        if self._accesses >= self._epoch_length:
+            self._epoch_done()
         if self._rescore_next < self._rescore_end:
             self._rescore_step()
 
     def touch(self, key: Hashable) -> None:
         super().touch(key)
-        if self.capacity:
-            self._observe(key)
+        self._accesses += 1
+        if not ((hash(key) * _HASH_MULT) & _MASK64) >> (64 - self._shift):
+            self._sample(key, self._depth[self._index[key] & SLOT_MASK])
+        if self._accesses >= self._epoch_length:
+            self._epoch_done()
         if self._rescore_next < self._rescore_end:
             self._rescore_step()
 
@@ -326,7 +329,6 @@ class AutoPolicy(CandidatePolicy):
         keys = self._keys
         children = self._children
         pins = self._pins
-        heap = self._heap
         # keys stored before a switch to a doorkeeper were not looked up: do it now (a
         # key that is cached and remembered as evicted was stored again after eviction)
         ghost = self.ghost if self.candidate.doorkeeper else None
@@ -336,11 +338,11 @@ class AutoPolicy(CandidatePolicy):
         for slot in range(self._rescore_next, stop):
             key = keys[slot]
             item = index.get(key)
-            if item is None or item & _SLOT_MASK != slot:
+            if item is None or item & SLOT_MASK != slot:
                 continue  # a free slot or a removed parent
             if ghost is not None and uses[slot] == 1:
                 first_time[slot] = key not in ghost
-            seq = (item >> SLOT_BITS) & _SEQ_MASK
+            seq = (item >> SLOT_BITS) & SEQ_MASK
             new = (self._priority(slot, seq) << SLOT_BITS) | slot
             if new == item:
                 continue  # touched or inserted since the switch: already current
@@ -349,7 +351,7 @@ class AutoPolicy(CandidatePolicy):
             if children[slot] or pins[slot]:
                 self._in_heap[slot] = 0
             else:
-                heapq.heappush(heap, item)
+                heapq.heappush(self._side if item < 0 else self._heap, item)
                 self._in_heap[slot] = 1
         self._rescore_next = stop
         self._maybe_compact()
@@ -364,82 +366,91 @@ class AutoPolicy(CandidatePolicy):
         """How many times the rule changed."""
         return self._switches
 
+    @property
+    def sample_rate(self) -> float:
+        """The shadows' share of the key space, R."""
+        return 2.0**-self._shift
+
     def shadow_scores(self) -> dict[str, float]:
-        """Averaged shadow hits per candidate (what the next switch is decided on)."""
-        return {s.cache.candidate.name: s.score for s in self._shadows}
+        """Averaged shadow hits per candidate."""
+        return {s.candidate.name: s.score for s in self._shadows}
 
     # --- tuning ----------------------------------------------------------------------
 
-    def _observe(self, key: Hashable) -> None:
-        shift = self._shift
-        if shift == 0 or not ((hash(key) * _HASH_MULT) & _MASK64) >> (64 - shift):
-            slot = self._index[key] & _SLOT_MASK
-            pslot = self._parent[slot]
-            parent = self._keys[pslot] if pslot >= 0 else None
-            depth = self._depth[slot]
-            limit = self.capacity >> shift
-            chained = shift == 0
-            clock = self.clock
-            for shadow in self._shadows:
-                shadow.cache.clock = clock
-                shadow.access(key, parent, depth, limit, chained)
-        self._accesses += 1
-        if self._accesses >= self._epoch_length:
+    def _sample(self, key: Hashable, depth: int) -> None:
+        """A sampled access: every shadow sees it; wins and losses against the current."""
+        clock = self.clock
+        shadows = self._shadows
+        hits = [shadow.access(key, depth, clock) for shadow in shadows]
+        current = hits[self._current]
+        for shadow, hit in zip(shadows, hits, strict=True):
+            if hit != current:
+                if hit:
+                    shadow.wins += 1
+                else:
+                    shadow.losses += 1
+            shadow.hits += hit
+
+    def _epoch_done(self) -> None:
+        if self.capacity:
             self._end_epoch()
+        else:  # still filling: keep the sample within `sample_entries` keys
+            self._accesses = 0
+            self._set_shift(len(self))
 
-    def _sampled(self, key: Hashable, shift: int) -> bool:
-        return shift == 0 or not ((hash(key) * _HASH_MULT) & _MASK64) >> (64 - shift)
+    def _sampled(self, key: Hashable) -> bool:
+        return not ((hash(key) * _HASH_MULT) & _MASK64) >> (64 - self._shift)
 
-    def _set_shift(self, shift: int) -> None:
-        """Lower the sampling rate to 2**-shift, dropping keys that left the sample."""
-        self._shift = shift
-        for shadow in self._shadows:
-            cache = shadow.cache
-            for key in [k for k in cache._index if not self._sampled(k, shift)]:
-                cache.remove(key)
+    def _set_shift(self, size: int) -> None:
+        """The sampling rate for `size` keys; shadows drop the keys that left the sample."""
+        shift = self._budget_shift
+        while (size >> shift) > self.sample_entries:
+            shift += 1
+        raised = shift > self._shift
+        self._shift = shift  # a higher rate refills as new keys arrive
+        if raised:
+            for shadow in self._shadows:
+                shadow.resize(shadow.limit, shadow.capacity, self._sampled)
 
     def _resize(self, capacity: int) -> None:
-        shift = 0
-        while (capacity >> shift) > self.sample_entries:
-            shift += 1
-        if shift > self._shift:
-            self._set_shift(shift)
-        elif shift < self._shift:
-            self._shift = shift  # the sample grows back as new keys arrive
-        self._epoch_length = max(capacity, self.min_epoch)
-        if self.current.reuse == "recency":
-            self.capacity = capacity  # LRU keys do not depend on the capacity
+        self._set_shift(capacity)
+        self._epoch_length = max(int(capacity * EPOCH_TURNOVERS), self.min_epoch)
+        if self.current.reuse == "recency" or self.capacity:
+            # LRU keys do not depend on the capacity; after the first reading, keys keep
+            # the decay of the old capacity until touched (at most 25% off), no O(n) pass
+            self.capacity = capacity
         else:
             self.start_rescore(self.current, capacity)
         if self.ghost is not None:
             self.set_ghost(capacity)
-        limit = capacity >> self._shift
+        limit = max(1, capacity >> self._shift)
         for shadow in self._shadows:
-            if shadow.cache.candidate.doorkeeper:
-                shadow.cache.set_ghost(max(limit, 1))
-            shadow.cache.rescore(shadow.cache.candidate, capacity)
-            if len(shadow.cache) > limit:
-                shadow.cache.pop_victims(len(shadow.cache) - limit)
+            shadow.resize(limit, capacity)
+
+    def _leads(self, index: int) -> bool:
+        """Whether candidate `index` beats the current rule beyond noise and margin."""
+        shadow = self._shadows[index]
+        keep = self.smoothing
+        # per epoch, wins - losses has variance wins + losses under a tie (McNemar); an
+        # exponential average over n epochs (counted from zero) has variance
+        # (1 - keep) (1 + keep**n) / (1 + keep) times that of one epoch over its mean
+        shrink = (1.0 - keep) * (1.0 + keep**self._compared) / (1.0 + keep)
+        noise = self.switch_sigmas * math.sqrt(shadow.discord * shrink)
+        margin = self.switch_margin * self._shadows[self._current].score
+        coarse = shadow.limit < self.min_shadow_keys  # too few keys to stand for the cache
+        return index != self._current and not coarse and shadow.lead > max(noise, margin)
 
     def _end_epoch(self) -> None:
         self._accesses = 0
         self._epochs += 1
-        keep = self.smoothing
+        self._compared += 1
         for shadow in self._shadows:
-            shadow.score = keep * shadow.score + (1.0 - keep) * shadow.hits
-            shadow.hits = 0
-        scores = [s.score for s in self._shadows]
-        best = max(range(len(scores)), key=lambda i: (scores[i], -i))
-        lead = scores[best] - scores[self._current]
-        # hit counts are roughly Poisson: a lead inside `switch_sigmas` deviations is noise
-        noise = self.switch_sigmas * math.sqrt(scores[best] + scores[self._current])
-        current = scores[self._current]
-        if self._current != 0 and scores[0] - current > self.switch_sigmas * math.sqrt(
-            scores[0] + current
-        ):
+            shadow.end_epoch(self.smoothing)
+        if self._leads(0):
             self._switch(0)  # behind the safe default (candidate 0, LRU): fall back at once
             return
-        if best == self._current or lead <= max(self.switch_margin * current, noise):
+        best = max(range(len(self._shadows)), key=lambda i: (self._shadows[i].lead, -i))
+        if not self._leads(best):
             self._lead_epochs = 0
             self._update_ghost()
             return
@@ -471,6 +482,9 @@ class AutoPolicy(CandidatePolicy):
         self._current = index
         self._lead_epochs = 0
         self._switches += 1
+        for shadow in self._shadows:  # leads were measured against the old rule
+            shadow.lead = shadow.discord = 0.0
+        self._compared = 0
         self._update_ghost()
         self.start_rescore(self.current, self.capacity)
 
@@ -478,20 +492,25 @@ class AutoPolicy(CandidatePolicy):
 def _build(**options: Any) -> AutoPolicy:
     accepted = (
         "sample_entries",
+        "sample_budget",
         "min_epoch",
         "switch_margin",
         "switch_sigmas",
         "confirm_epochs",
         "smoothing",
+        "min_shadow_keys",
     )
     reject_unknown_options("auto", options, accepted)
-    for name in ("sample_entries", "min_epoch", "confirm_epochs"):
+    for name in ("sample_entries", "min_epoch", "confirm_epochs", "min_shadow_keys"):
         value = options.get(name, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"option {name!r} must be an int >= 1; got {value!r}")
     sigmas = options.get("switch_sigmas", 0.0)
-    if isinstance(sigmas, bool) or not isinstance(sigmas, int | float) or sigmas < 0:
+    if isinstance(sigmas, bool) or not isinstance(sigmas, int | float) or not sigmas >= 0:
         raise ValueError(f"option 'switch_sigmas' must be a number >= 0; got {sigmas!r}")
+    budget = options.get("sample_budget", 0.5)
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or not budget > 0:
+        raise ValueError(f"option 'sample_budget' must be a number > 0; got {budget!r}")
     for name in ("switch_margin", "smoothing"):
         value = options.get(name, 0.0)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:

@@ -28,6 +28,9 @@ DEFAULT_SWEEP = (
         for mode in ("linear", "log", "none")
         for decay in (0, 0.001, 0.01)
     ),
+    "doorkeeper-lru",
+    "doorkeeper-lfu-decay-1",
+    "probation-lru",
     "auto",
     "belady",
 )
@@ -197,6 +200,7 @@ def _simulate_command(args: argparse.Namespace) -> None:
                     admission_threshold=args.admission_threshold,
                     kv_bytes_per_token=args.kv_bytes_per_token,
                     label=label,
+                    store_partial_blocks=args.store_partial_blocks,
                 )
             )
     if len(makers) > 1:
@@ -236,6 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--kv-bytes-per-token", type=int, default=DEFAULT_KV_BYTES_PER_TOKEN)
+    sim.add_argument(
+        "--store-partial-blocks",
+        action="store_true",
+        help="also look up and store a prompt's trailing partial block (vLLM never does; "
+        "the simulator's behaviour before 2026-12)",
+    )
     sim.set_defaults(func=_simulate_command)
     return parser
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._chainheap import ChainHeapPolicy
+from .chainheap import ChainHeapPolicy
 from .policy import register_policy, reject_unknown_options
 
 __all__ = ["LRUPolicy"]

@@ -21,7 +21,7 @@ from array import array
 from collections.abc import Hashable
 from typing import Any
 
-from ._chainheap import SEQ_BITS, SLOT_BITS, SLOT_MASK, ChainHeapPolicy
+from .chainheap import SEQ_BITS, SLOT_BITS, SLOT_MASK, ChainHeapPolicy
 from .policy import register_policy, reject_unknown_options
 
 __all__ = ["REUSE_MODES", "MarconiPolicy"]

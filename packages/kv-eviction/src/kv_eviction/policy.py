@@ -14,7 +14,7 @@ Call pattern (one owner, no threads): `insert` a key when its block is stored,
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ __all__ = [
     "make_policy",
     "policy_names",
     "register_policy",
+    "validate_policy",
 ]
 
 
@@ -133,6 +134,30 @@ def make_policy(name: str, **options: Any) -> EvictionPolicy:
             f"eviction policy {name!r} is unknown; accepted values: {', '.join(policy_names())}"
         )
     return factory(**options)
+
+
+def validate_policy(name: object, options: object = None) -> None:
+    """Check a policy configuration the way `make_policy(name, **options)` would.
+
+    `name` must be a registered name and `options` a mapping of option names to values
+    that the policy accepts (None means no options). Raises `ValueError` naming the bad
+    name or option and the accepted values; the policy built to check is discarded. This
+    is the one place configuration layers (kvpool-mmap, the connector) ask, so a newly
+    registered policy and its options need no edit there.
+    """
+    if not isinstance(name, str):
+        raise ValueError(
+            f"eviction policy must be a name; got {name!r}; accepted values: "
+            f"{', '.join(policy_names())}"
+        )
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
+        raise ValueError(
+            f"options of eviction policy {name!r} must be a mapping of option names to "
+            f"values; got {options!r}"
+        )
+    make_policy(name, **options)
 
 
 def reject_unknown_options(policy: str, options: dict[str, Any], accepted: tuple[str, ...]) -> None:

@@ -1,6 +1,8 @@
 """Replay a trace through a capacity-limited prefix cache under one policy.
 
-Per request, in arrival order:
+Per request, in arrival order (a trailing partial block of a prompt is dropped first, as
+vLLM never caches one; `store_partial_blocks=True` keeps it, the simulator's behaviour
+before 2026-12, for traces such as Mooncake's whose block hashes include it):
 
 1. Lookup: the hit is the longest prefix of the request's blocks that is cached (as
    vLLM's prefix matching does); every hit block is touched and pinned.
@@ -64,11 +66,13 @@ def simulate(
     admission_max_entries: int = 1 << 20,
     kv_bytes_per_token: int = DEFAULT_KV_BYTES_PER_TOKEN,
     label: str | None = None,
+    store_partial_blocks: bool = False,
 ) -> SimResult:
     """Replay `trace` through a cache of `capacity` blocks under a fresh `policy`.
 
     `policy` is an empty policy instance or a factory called with the trace (the way
-    to build `BeladyPolicy.for_requests`).
+    to build `BeladyPolicy.for_requests`). A prompt's trailing partial block is neither
+    looked up nor stored unless `store_partial_blocks`.
     """
     if capacity < 1:
         raise ValueError(f"capacity must be >= 1 block; got {capacity}")
@@ -82,6 +86,8 @@ def simulate(
     hit_tokens = hit_requests = input_tokens = written = 0
     for request in trace.requests:
         blocks = request.blocks
+        if not store_partial_blocks:
+            blocks = blocks[: request.input_tokens // block_size]
         input_tokens += request.input_tokens
         hits = 0
         while hits < len(blocks) and blocks[hits] in policy:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from kv_eviction import validate_policy
+
 from ._errors import ConfigError
 
 PAGE = 4096
@@ -110,10 +112,11 @@ class StoreConfig:
     """Tensor-parallel ranks per engine; one file per rank and tier."""
     dp_rank: int = 0
     """This engine's data-parallel rank (0 <= dp_rank < dp_size)."""
-    eviction_policy: str = "lru"
-    """Name passed to kv_eviction.make_policy (one policy per tier)."""
+    eviction_policy: str = "auto"
+    """Name passed to kv_eviction.make_policy (one policy per tier): any registered name;
+    `auto` by default (never below LRU on the shipped traces, see the README)."""
     eviction_options: Mapping[str, Any] = field(default_factory=dict)
-    """Keyword options passed to kv_eviction.make_policy."""
+    """Keyword options passed to kv_eviction.make_policy; kv-eviction validates both."""
     admission_threshold: int = 1
     """A key is stored once begin_store has seen it this many times."""
     admission_max_entries: int = 1_000_000
@@ -169,10 +172,10 @@ class StoreConfig:
             raise ConfigError(
                 f"dp_rank must be in [0, dp_size={self.dp_size}), got {self.dp_rank!r}"
             )
-        if not isinstance(self.eviction_policy, str) or not self.eviction_policy:
-            raise ConfigError(
-                f"eviction_policy must be a policy name, got {self.eviction_policy!r}"
-            )
+        try:
+            validate_policy(self.eviction_policy, self.eviction_options)
+        except ValueError as exc:
+            raise ConfigError(f"eviction_policy / eviction_options: {exc}") from exc
         _positive_int("admission_threshold", self.admission_threshold)
         _positive_int("admission_max_entries", self.admission_max_entries)
         _positive_int("io_threads", self.io_threads, maximum=MAX_IO_THREADS)

@@ -30,10 +30,8 @@ _WRITE, _READ, _INVALIDATE = "write", "read", "invalidate"
 
 
 def _policy(config: StoreConfig) -> EvictionPolicy:
-    try:
-        return make_policy(config.eviction_policy, **dict(config.eviction_options))
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"eviction_policy / eviction_options: {exc}") from exc
+    """A fresh policy per tier; `StoreConfig` validated the name and options."""
+    return make_policy(config.eviction_policy, **dict(config.eviction_options))
 
 
 class StoreEngine:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import kvpool_mmap
+from kv_eviction import validate_policy
 from kvpool_mmap import (
     DIRECT_IO_MODES,
     FSYNC_MODES,
@@ -26,9 +27,11 @@ from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from .log import logger
 
-EVICTION_POLICIES = ("marconi", "lru", "auto")
-REUSE_MODES = ("linear", "log", "none")
 DEFAULT_CPU_BYTES = 8 << 30
+DEFAULT_EVICTION_POLICY = "auto"
+EVICTION_ALIASES = {"eviction_decay": "decay", "eviction_reuse_mode": "reuse_mode"}
+"""The seed's flat keys: aliases of the `marconi` policy's options in `eviction_options`
+(with another policy they are ignored, with a warning: `ignored_keys`)."""
 
 
 class ConfigError(ValueError):
@@ -52,9 +55,9 @@ class OffloadConfig:
     cpu_bytes_to_use: int = DEFAULT_CPU_BYTES
     l2_pool_path: str | None = None
     l2_bytes_to_use: int = 0
-    eviction_policy: str = "marconi"
-    eviction_decay: float = 0.0
-    eviction_reuse_mode: str = "linear"
+    eviction_policy: str = DEFAULT_EVICTION_POLICY
+    eviction_options: Mapping[str, Any] = field(default_factory=dict)
+    """Options of `eviction_policy`, the flat aliases folded in; kv-eviction validated both."""
     admission_threshold: int = 1
     # A full L1 in front of a slower L2: "drop_unwritten" keeps storing new blocks and drops
     # the oldest ones not yet written to L2; "demote" (the seed's design) refuses new blocks
@@ -79,12 +82,6 @@ class OffloadConfig:
     def has_l2(self) -> bool:
         return self.l2_pool_path is not None
 
-    @property
-    def eviction_options(self) -> dict[str, Any]:
-        if self.eviction_policy == "marconi":
-            return {"decay": self.eviction_decay, "reuse_mode": self.eviction_reuse_mode}
-        return {}
-
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> OffloadConfig:
         """Validate `kv_connector_extra_config` and build the settings."""
@@ -102,15 +99,14 @@ class OffloadConfig:
             raise ConfigError("l2_bytes_to_use is set but l2_pool_path is not; set both or neither")
         if l2_pool_path is not None and not l2_bytes:
             raise ConfigError("l2_pool_path is set: l2_bytes_to_use must be a positive byte count")
-        policy = _choice(extra, "eviction_policy", "marconi", EVICTION_POLICIES)
+        policy, options = _eviction(extra)
         config = cls(
             cpu_pool_path=cpu_pool_path,
             cpu_bytes_to_use=_bytes(extra, "cpu_bytes_to_use", DEFAULT_CPU_BYTES, minimum=1),
             l2_pool_path=l2_pool_path,
             l2_bytes_to_use=l2_bytes,
             eviction_policy=policy,
-            eviction_decay=_float(extra, "eviction_decay", 0.0, minimum=0.0),
-            eviction_reuse_mode=_choice(extra, "eviction_reuse_mode", "linear", REUSE_MODES),
+            eviction_options=options,
             admission_threshold=_int(extra, "admission_threshold", 1, minimum=1),
             l1_overflow=cast(
                 L1Overflow, _choice(extra, "l1_overflow", "drop_unwritten", L1_OVERFLOW_MODES)
@@ -131,7 +127,7 @@ class OffloadConfig:
     def ignored_keys(self) -> list[str]:
         """Keys the user set that this configuration does not use."""
         ignored = []
-        if not self.eviction_options:
+        if self.eviction_policy != "marconi":
             ignored += [k for k in _MARCONI_KEYS if k in self.extra]
         if not self.has_l2:
             ignored += [k for k in _L2_KEYS if k in self.extra]
@@ -156,6 +152,7 @@ _KNOWN_KEYS = frozenset(
         "l2_pool_path",
         "l2_bytes_to_use",
         "eviction_policy",
+        "eviction_options",
         "eviction_decay",
         "eviction_reuse_mode",
         "admission_threshold",
@@ -264,6 +261,33 @@ def _float(extra: Mapping[str, Any], key: str, default: float, *, minimum: float
     if not math.isfinite(number) or number < minimum:
         raise ConfigError(f"{key} must be a finite number >= {minimum}, got {value!r}")
     return number
+
+
+def _eviction(extra: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """`eviction_policy` and its options (marconi's flat aliases folded in), checked by
+    kv-eviction.
+
+    kv-eviction's registry is the one list of policies and options: a policy registered
+    there (`kv_eviction.register_policy`) is configurable here without an edit.
+    """
+    policy = extra.get("eviction_policy", DEFAULT_EVICTION_POLICY)
+    raw = extra.get("eviction_options", {})
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"eviction_options must be a mapping of option names, got {raw!r}")
+    options = dict(raw)
+    keys = ["eviction_policy", *(["eviction_options"] if "eviction_options" in extra else [])]
+    for key, option in EVICTION_ALIASES.items():
+        if key not in extra or policy != "marconi":
+            continue
+        if option in options:
+            raise ConfigError(f"{key} and eviction_options[{option!r}] both set; set one")
+        options[option] = extra[key]
+        keys.append(key)
+    try:
+        validate_policy(policy, options)
+    except ValueError as exc:
+        raise ConfigError(f"{' / '.join(keys)}: {exc}") from None
+    return str(policy), options
 
 
 def _choice(extra: Mapping[str, Any], key: str, default: str, accepted: tuple[str, ...]) -> str:

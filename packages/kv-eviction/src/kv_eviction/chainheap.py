@@ -21,8 +21,10 @@ index, so garbage stays bounded and every operation is O(log n) amortized.
 A policy may give a new key a negative priority (below every non-negative one, as `auto`'s
 doorkeeper rules do for first-time blocks). Those items go to a second heap, `_side`, on
 insert: they arrive in increasing order, so pushing them costs O(1) instead of a sift to
-the root of the main heap; victims come from whichever heap has the smaller top. Garbage
-in `_side` is dropped as it reaches the top; a rebuild moves everything to the main heap.
+the root of the main heap; victims come from whichever heap has the smaller top, unless a
+subclass's `_side_first` keeps them a while (`probation-lru`). Garbage in `_side` is
+dropped as it reaches the top; a key that becomes eligible again and a rebuild put
+negative items back in `_side`.
 `lru` and `marconi` never have negative priorities, so `_side` stays empty for them.
 """
 
@@ -34,6 +36,8 @@ from array import array
 from collections.abc import Hashable
 
 from .policy import EvictionPolicy, PolicyStats
+
+__all__ = ["SEQ_BITS", "SLOT_BITS", "SLOT_MASK", "ChainHeapPolicy"]
 
 SLOT_BITS = 32
 SLOT_MASK = (1 << SLOT_BITS) - 1
@@ -58,7 +62,15 @@ _TOMBSTONE = _Marker("<removed parent>")
 
 
 class ChainHeapPolicy(EvictionPolicy):
-    """Base class: subclasses define the priority of a key on insert and on touch."""
+    """Base class of the heap policies; public, so a policy can live outside the package.
+
+    A subclass sets `name`, defines `_grow` (append one slot to its own per-slot arrays)
+    and the priority of a key on insert and on touch: a non-negative int (or negative for
+    keys that go before all others, see above) whose low `SEQ_BITS` are the `seq` passed
+    in; lower is evicted first. It inherits chain consistency, pins, lazy invalidation and
+    the rest of `EvictionPolicy`; `register_policy(name, factory)` makes it available to
+    `make_policy` and so to every configuration that asks `validate_policy`.
+    """
 
     def __init__(self) -> None:
         self._index: dict[Hashable, int] = {}
@@ -168,7 +180,7 @@ class ChainHeapPolicy(EvictionPolicy):
         index = self._index
         keys = self._keys
         while len(victims) < n and (heap or side):
-            if side and (not heap or side[0] < heap[0]):
+            if side and (not heap or self._side_first()):
                 item = heapq.heappop(side)
             else:
                 item = heapq.heappop(heap)
@@ -216,6 +228,13 @@ class ChainHeapPolicy(EvictionPolicy):
 
     # --- helpers -------------------------------------------------------------------
 
+    def _side_first(self) -> bool:
+        """Whether the next victim comes from `_side` while both heaps hold items.
+
+        The smaller top by default; a policy may keep `_side`'s keys a while longer.
+        """
+        return self._side[0] < self._heap[0]
+
     def _lookup(self, key: Hashable) -> int:
         try:
             return self._index[key]
@@ -259,7 +278,8 @@ class ChainHeapPolicy(EvictionPolicy):
         """Push a key's live item if it is eligible and not in the heap yet."""
         if self._children[slot] or self._pins[slot] or self._in_heap[slot]:
             return
-        heapq.heappush(self._heap, self._index[self._keys[slot]])
+        item = self._index[self._keys[slot]]
+        heapq.heappush(self._side if item < 0 else self._heap, item)
         self._in_heap[slot] = 1
 
     def _maybe_compact(self) -> None:
@@ -271,14 +291,16 @@ class ChainHeapPolicy(EvictionPolicy):
         pins = self._pins
         in_heap = self._in_heap
         heap: list[int] = []
+        side: list[int] = []
         for item in self._index.values():
             slot = item & SLOT_MASK
             if children[slot] or pins[slot]:
                 in_heap[slot] = 0
             else:
                 in_heap[slot] = 1
-                heap.append(item)
+                (side if item < 0 else heap).append(item)
         heapq.heapify(heap)
+        heapq.heapify(side)
         self._heap = heap
-        self._side = []
+        self._side = side
         self._compactions += 1

@@ -1,0 +1,245 @@
+"""Scoring rules (`Candidate`), the policy that orders keys by one, and the named rules.
+
+A rule is a point of one family, computed in log space and fixed between touches (so the
+lazy heap of `ChainHeapPolicy` applies unchanged):
+
+    log score = log(reuse) - depth_weight x log(depth + 1) + (c / C) x last_use
+
+with `reuse` the use count (`linear`) or log1p of it (`log`), `last_use` the value of an
+internal clock that counts inserted blocks, and `C` the cache's capacity in blocks.
+Measuring age in inserted blocks and scaling the decay by the capacity makes `c` the
+decay per cache turnover, a unit that means the same at every size and rate; `recency`
+is LRU.
+
+A rule may also be a *doorkeeper* (the admission idea of TinyLFU, Einziger et al., ACM
+TOS 2017, and of 2Q's ghost queue, Johnson and Shasha, VLDB '94, applied inside the
+eviction order since every block is stored): a block stored for the first time, i.e. not
+evicted within the last `GHOST_TURNOVERS` to twice that many turnovers (a Bloom-filter
+ghost of evicted keys, `_ghost.py`), and not hit since, is evicted before every other
+block, oldest first. With a *probation window* (S3-FIFO's small queue, Yang et al., SOSP
+'23, which gives new objects 10% of the cache) a first-time block is first kept like any
+other block for `probation` capacities' worth of inserted blocks, so a block reused soon
+after its first use (the next turn of a chat) survives, while one-shot blocks still leave
+before blocks that came back.
+
+The named policies `doorkeeper-lru`, `doorkeeper-lfu-decay-1` and `probation-lru` are
+such rules held fixed (`RulePolicy`); `auto` chooses among them and the frequency rules.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from array import array
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from ._ghost import Ghost, probe
+from .chainheap import SEQ_BITS, SLOT_BITS, SLOT_MASK, ChainHeapPolicy
+from .marconi import float_order_bits
+from .policy import register_policy, reject_unknown_options
+
+__all__ = [
+    "DOORKEEPER_LFU",
+    "DOORKEEPER_LRU",
+    "GHOST_TURNOVERS",
+    "LRU",
+    "PROBATION_LRU",
+    "Candidate",
+    "CandidatePolicy",
+    "RulePolicy",
+]
+
+SEQ_MASK = (1 << SEQ_BITS) - 1
+S3FIFO_WINDOW = 0.1
+"""The probation window of `probation-lru`: S3-FIFO's small-queue share of the cache."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One scoring rule: `lru`, or reuse / (depth + 1)^depth_weight with decay `c`."""
+
+    name: str
+    reuse: str = "linear"
+    """`linear` (use count), `log` (log1p of the use count) or `recency` (LRU)."""
+    depth_weight: float = 0.0
+    decay_per_turnover: float = 0.0
+    doorkeeper: bool = False
+    """Blocks stored for the first time (not evicted within the last few turnovers) and
+    not hit since are evicted before every other block, oldest first."""
+    probation: float = 0.0
+    """With `doorkeeper`: a first-time block is kept like any other block for this many
+    capacities' worth of inserted blocks (its probation window) before it goes below
+    every other block; 0 sends it there at once."""
+
+    def log_key(self, uses: int, depth: int, last_use: int, capacity: int) -> float:
+        """The rule's log-space key (lower is evicted first)."""
+        if self.reuse == "recency":
+            return 0.0
+        reuse = math.log(uses) if self.reuse == "linear" else math.log(math.log1p(uses))
+        decay = self.decay_per_turnover / max(capacity, 1)
+        return reuse - self.depth_weight * math.log1p(depth) + decay * last_use
+
+
+GHOST_TURNOVERS = 4
+"""The doorkeeper's memory: keys evicted within the last 4 to 8 capacities' worth of
+evictions count as seen before (16 bytes per tracked key, see `_ghost.py`)."""
+_PROBATION = -1 << SEQ_BITS
+"""Priority base of a doorkeeper's first-time block: below every other rule's priority."""
+
+
+class CandidatePolicy(ChainHeapPolicy):
+    """Keys ordered by one `Candidate` rule; the base of `auto` and of its shadows."""
+
+    name = "candidate"
+
+    def __init__(self, candidate: Candidate, capacity: int = 0) -> None:
+        super().__init__()
+        self.candidate = candidate
+        self.capacity = capacity
+        """Capacity C used by the decay; 0 until known."""
+        self.clock = 0
+        """Inserted blocks so far: the age unit."""
+        self.ghost: Ghost | None = None
+        """Recently evicted keys, while a doorkeeper needs them (`set_ghost`)."""
+        self._uses = array("I")
+        self._depth = array("I")
+        self._last = array("q")
+        self._first_time = bytearray()
+
+    def _grow(self) -> None:
+        self._uses.append(0)
+        self._depth.append(0)
+        self._last.append(0)
+        self._first_time.append(0)
+
+    def set_ghost(self, capacity: int) -> None:
+        """Size the doorkeeper's memory for `capacity` keys (kept if already that size)."""
+        window = max(1, GHOST_TURNOVERS * capacity)
+        if self.ghost is None or self.ghost.window != window:
+            self.ghost = Ghost(window)
+
+    def _side_first(self) -> bool:
+        window = self.candidate.probation * self.capacity
+        if not window:
+            return super()._side_first()
+        side = self._side
+        index = self._index
+        keys = self._keys
+        while side and index.get(keys[side[0] & SLOT_MASK]) != side[0]:
+            heapq.heappop(side)  # garbage: the first-time key was hit, evicted or removed
+        return bool(side) and self._last[side[0] & SLOT_MASK] + window <= self.clock
+
+    def pop_victims(self, n: int) -> list[Hashable]:
+        victims = super().pop_victims(n)
+        ghost = self.ghost
+        if ghost is not None:
+            for key in victims:
+                ghost.add(key)
+        return victims
+
+    def remove(self, key: Hashable) -> None:
+        super().remove(key)
+        if self.ghost is not None:
+            self.ghost.add(key)
+
+    def _priority(self, slot: int, seq: int) -> int:
+        candidate = self.candidate
+        if candidate.doorkeeper and self._first_time[slot]:
+            return _PROBATION | seq
+        if candidate.reuse == "recency":
+            return seq
+        key = self.candidate.log_key(
+            self._uses[slot], self._depth[slot], self._last[slot], self.capacity
+        )
+        return (float_order_bits(key) << SEQ_BITS) | seq
+
+    def _priority_on_insert(self, slot: int, depth: int, seq: int) -> int:
+        self.clock += 1
+        if self.candidate.doorkeeper:
+            ghost = self.ghost
+            parent = self._parent[slot]
+            if ghost is None or (parent >= 0 and self._first_time[parent]):
+                # a block whose prefix is new is new: its hash covers the prefix, and a
+                # child leaves the cache (and enters the ghost) before its parent
+                self._first_time[slot] = 1
+            else:  # the doorkeeper's per-insert cost: one ghost probe
+                seen = probe(ghost.generations, ghost.size, self._keys[slot])
+                self._first_time[slot] = not seen
+        else:
+            self._first_time[slot] = 0  # not looked up: ordered as seen before
+        self._uses[slot] = 1
+        self._depth[slot] = depth
+        self._last[slot] = self.clock
+        if self.candidate.reuse == "recency" and not self._first_time[slot]:
+            return seq  # LRU keys are the sequence number
+        return self._priority(slot, seq)
+
+    def _priority_on_touch(self, slot: int, seq: int) -> int:
+        self._first_time[slot] = 0
+        uses = self._uses[slot]
+        if uses < 0xFFFFFFFF:
+            self._uses[slot] = uses + 1
+        self._last[slot] = self.clock
+        if self.candidate.reuse == "recency":
+            return seq  # a hit ends probation; LRU keys are the sequence number
+        return self._priority(slot, seq)
+
+    def rescore(self, candidate: Candidate, capacity: int) -> None:
+        """Switch rule and/or capacity: re-key every tracked key, keeping recency ties."""
+        self.candidate = candidate
+        self.capacity = capacity
+        index = self._index
+        for key, item in index.items():
+            slot = item & SLOT_MASK
+            seq = (item >> SLOT_BITS) & SEQ_MASK
+            index[key] = (self._priority(slot, seq) << SLOT_BITS) | slot
+        self._compact()
+
+
+LRU = Candidate("lru", reuse="recency")
+DOORKEEPER_LRU = Candidate("doorkeeper-lru", reuse="recency", doorkeeper=True)
+DOORKEEPER_LFU = Candidate("doorkeeper-lfu-decay-1", decay_per_turnover=1.0, doorkeeper=True)
+PROBATION_LRU = Candidate(
+    "probation-lru", reuse="recency", doorkeeper=True, probation=S3FIFO_WINDOW
+)
+
+
+class RulePolicy(CandidatePolicy):
+    """One `Candidate` rule held fixed, as a policy of its own.
+
+    Like `auto` it reads the capacity as the number of tracked keys when `pop_victims`
+    is called and re-reads it when that number moves by more than 25%; at the first
+    reading a rule whose keys depend on the capacity (a decay) re-keys every tracked key,
+    once, in that call.
+    """
+
+    def __init__(self, candidate: Candidate) -> None:
+        super().__init__(candidate)
+        self.name = candidate.name
+
+    def pop_victims(self, n: int) -> list[Hashable]:
+        size = len(self)
+        if size > self.capacity * 1.25 or size < self.capacity * 0.8:
+            if self.candidate.reuse == "recency" or self.capacity:
+                # LRU keys do not depend on the capacity; after the first reading, keys
+                # keep the old capacity's decay until touched (at most 25% off)
+                self.capacity = size
+            else:
+                self.rescore(self.candidate, size)  # once: the keys so far had no capacity
+            if self.candidate.doorkeeper:
+                self.set_ghost(size)
+        return super().pop_victims(n)
+
+
+def _register(candidate: Candidate) -> None:
+    def build(**options: Any) -> RulePolicy:
+        reject_unknown_options(candidate.name, options, ())
+        return RulePolicy(candidate)
+
+    register_policy(candidate.name, build)
+
+
+for _rule in (DOORKEEPER_LRU, DOORKEEPER_LFU, PROBATION_LRU):
+    _register(_rule)

@@ -1,0 +1,153 @@
+"""What the eviction policy costs vLLM's scheduler step: `auto` against `lru`, per L1 size.
+
+vLLM's real `Scheduler` with the connector in both roles and no model (the engine loop of
+`tests-integration/engine_loop.py`, its forward pass replaced by one that only samples):
+the time measured is `Scheduler.schedule()` plus `Scheduler.update_from_output()`, which
+include every scheduler-side connector call (lookups and pins of hits, slot allocation
+and eviction for stores, commits). The model, the workers' copies and the KV tensors are
+not in it; they cost the same under both policies. The policy's share of the step is
+largest here, with no model time to hide it.
+
+Workload: prompts of 3,968 tokens (248 blocks of 16), each sharing a prefix of 0-100%
+(uniform) with one of the last 64 prompts, the rest new; 8 requests at a time, 8,192
+tokens per step (chunked prefill), so each step stores about 500 blocks, hits touch hot
+blocks and, once the L1 is full, every step evicts. vLLM's own prefix cache holds 4,096
+GPU blocks. Per-step cost is the process's CPU time (other load on the shared machine
+does not count); a run first fills the L1 twice over (not timed), then times
+`--steps` steps; the policies run interleaved `--rounds` times and per policy the
+fastest round's median step counts.
+
+    python bench_eviction_step.py [--blocks 4096,65536] [--steps 60] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path[:0] = [str(ROOT / "tests-integration"), str(ROOT / "tools")]
+
+import tiny_model  # noqa: E402
+from engine_loop import EngineLoop  # noqa: E402
+
+BLOCK = 16
+PROMPT_BLOCKS = 248
+SLOT_BYTES = 2 * 2 * BLOCK * 2 * 16 * 2  # layers x (K, V) x tokens x heads x dims x bf16
+HISTORY = 64
+
+
+class TimedLoop(EngineLoop):
+    """The engine loop with a forward pass that only samples, and the scheduler timed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seconds = 0.0
+        for name in ("schedule", "update_from_output"):
+            setattr(self.scheduler, name, self._timed(getattr(self.scheduler, name)))
+
+    def _timed(self, method: Any) -> Any:
+        def timed(*args: Any) -> Any:
+            t0 = time.process_time()
+            try:
+                return method(*args)
+            finally:
+                self.seconds += time.process_time() - t0
+
+        return timed
+
+    def _forward(self, out: Any) -> dict[str, list[int]]:
+        from vllm_marconi_offload import compat
+
+        starts = {new.req_id: new.num_computed_tokens for new in out.scheduled_new_reqs}
+        for new in out.scheduled_new_reqs:
+            self._cached.setdefault(new.req_id, new.num_computed_tokens)
+        for req_id, _, computed, _ in compat.cached_requests(out):
+            starts[req_id] = computed
+        sampled: dict[str, list[int]] = {}
+        for req_id, count in out.num_scheduled_tokens.items():
+            if starts[req_id] + count >= self._requests[req_id].num_tokens:
+                sampled[req_id] = [1]
+        return sampled
+
+
+def _prompts(rng: random.Random, count: int, history: list[list[int]]) -> list[list[int]]:
+    out = []
+    for _ in range(count):
+        shared: list[int] = []
+        if history:
+            base = rng.choice(history)
+            shared = base[: int(len(base) * rng.random()) // BLOCK * BLOCK]
+        tokens = shared + [
+            rng.randrange(1, 500) for _ in range(PROMPT_BLOCKS * BLOCK - len(shared))
+        ]
+        history[:] = [*history[-HISTORY + 1 :], tokens]
+        out.append(tokens)
+    return out
+
+
+def measure(model: str, policy: str, blocks: int, steps: int, seed: int) -> float:
+    """Median CPU seconds of `schedule()` + `update_from_output()` per step."""
+    rng = random.Random(seed)
+    history: list[list[int]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
+        loop = TimedLoop(
+            model,
+            {
+                "cpu_pool_path": tmp,
+                "cpu_bytes_to_use": blocks * SLOT_BYTES,
+                "eviction_policy": policy,
+            },
+            block_size=BLOCK,
+            num_blocks=4096,
+            max_num_batched_tokens=8192,
+        )
+        try:
+            new_blocks_per_batch = 8 * PROMPT_BLOCKS // 2  # half of each prompt is new
+            for _ in range(2 * blocks // new_blocks_per_batch + 2):  # fill the L1 twice
+                loop.generate(_prompts(rng, 8, history), max_tokens=1)
+            costs: list[float] = []
+            while len(costs) < steps:
+                batch = loop.submit(_prompts(rng, 8, history), max_tokens=1)
+                finished = 0
+                while finished < len(batch):
+                    loop.seconds = 0.0
+                    finished += len(loop.step())
+                    costs.append(loop.seconds)
+        finally:
+            loop.shutdown()
+    return statistics.median(costs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", default="4096,65536", help="L1 sizes in blocks")
+    parser.add_argument("--policies", default="lru,auto")
+    parser.add_argument("--steps", type=int, default=60, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    policies = args.policies.split(",")
+    with tempfile.TemporaryDirectory(prefix="bench-model-") as models:
+        model = str(tiny_model.build(Path(models) / "tiny-llama", "llama"))
+        print("| L1 blocks | " + " | ".join(f"{p} ms/step" for p in policies) + " | ratio |")
+        print("|---:|" + "---:|" * (len(policies) + 1))
+        for blocks in (int(float(b)) for b in args.blocks.split(",")):
+            best = dict.fromkeys(policies, float("inf"))
+            for _ in range(args.rounds):
+                for policy in policies:
+                    cost = measure(model, policy, blocks, args.steps, args.seed)
+                    best[policy] = min(best[policy], cost)
+            cells = " | ".join(f"{1e3 * best[p]:.2f}" for p in policies)
+            ratio = best[policies[-1]] / best[policies[0]]
+            print(f"| {blocks:,} | {cells} | {ratio:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
