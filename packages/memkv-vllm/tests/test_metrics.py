@@ -6,11 +6,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from memkv_harness import P1, P3, ROOT, MemKVServer, engine_env, tier_config
 
 sys.path.insert(0, str(ROOT / "tools"))
 
 from vllm_server import VllmServer, metric_sum
+
+pytestmark = pytest.mark.vllm  # a real vLLM server
 
 
 def _total(samples: dict[str, float], name: str, **labels: str) -> float:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from memkv_harness import BLOCK, P1, P3, PROMPTS, EngineRun, MemKVServer, make_prompt, tier_config
+
+pytestmark = pytest.mark.vllm  # real vLLM engines
 
 
 def _lane_totals(stats: dict[str, Any]) -> dict[str, int]:

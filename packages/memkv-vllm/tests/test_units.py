@@ -19,7 +19,6 @@ from memkv_vllm.metrics import LOOKUPS, TierMetrics
 from memkv_vllm.naming import MAX_NAME, TierNamer, direct_key, direct_prefix
 from memkv_vllm.store_config import StoreConfig
 from memkv_vllm.store_memkv import MemKVStore
-from memkv_vllm.weights import weights_fingerprint
 
 
 def test_tier_config_names_the_bad_key_and_the_accepted_values() -> None:
@@ -70,17 +69,6 @@ def test_direct_keys_are_rank_qualified_under_one_digest() -> None:
     assert k0 != k1
     assert k0.startswith(prefix)
     assert len(k0) == len(prefix) + 2 + 36
-
-
-def test_weights_fingerprint_changes_with_the_checkpoint(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text("{}")
-    (tmp_path / "model.safetensors").write_bytes(b"a" * 300_000)
-    first = weights_fingerprint(str(tmp_path))
-    other = tmp_path / "other"
-    other.mkdir()
-    (other / "config.json").write_text("{}")
-    (other / "model.safetensors").write_bytes(b"a" * 299_999 + b"b")
-    assert weights_fingerprint(str(other)) != first
 
 
 def test_lookup_sends_one_round_per_flush_and_caches_answers(memkv: MemKVServer) -> None:
@@ -199,6 +187,7 @@ def test_store_backlog_sheds_over_its_byte_limit() -> None:
     runner.shutdown()
 
 
+@pytest.mark.vllm
 def test_register_is_idempotent_and_honours_vllm_plugins(monkeypatch: Any) -> None:
     import memkv_vllm
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
@@ -212,6 +201,7 @@ def test_register_is_idempotent_and_honours_vllm_plugins(monkeypatch: Any) -> No
     assert memkv_vllm._registered is False
 
 
+@pytest.mark.vllm
 def test_scheduler_adopts_the_prefix_only_if_every_rank_agrees(
     memkv: MemKVServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -249,6 +239,7 @@ def _offloading_config(pp: int = 1, pcp: int = 1, blocks_per_chunk: int = 1) -> 
     )
 
 
+@pytest.mark.vllm
 def test_direct_spec_refuses_pipeline_and_prefill_context_parallelism_and_chunks() -> None:
     from memkv_vllm.spec import MemKVOffloadingSpec
 
@@ -261,6 +252,7 @@ def test_direct_spec_refuses_pipeline_and_prefill_context_parallelism_and_chunks
         MemKVOffloadingSpec(_offloading_config(blocks_per_chunk=4))
 
 
+@pytest.mark.vllm
 def test_hash_seed_warning_follows_the_vllm_version(monkeypatch: Any) -> None:
     from memkv_vllm._compat import hash_seed_problem
     from vllm.v1.core import kv_cache_utils

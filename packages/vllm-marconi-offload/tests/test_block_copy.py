@@ -5,10 +5,17 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-import torch
-from vllm_marconi_offload.block_copy import BlockCopier, block_bytes_view, physical_layout
-from vllm_marconi_offload.cuda_mover import slot_runs
-from vllm_marconi_offload.layout import LayoutError, SlotLayout
+
+pytestmark = pytest.mark.vllm  # the worker's data path: needs torch, run with vLLM
+torch = pytest.importorskip("torch")
+
+from vllm_marconi_offload.block_copy import (  # noqa: E402
+    BlockCopier,
+    block_bytes_view,
+    physical_layout,
+)
+from vllm_marconi_offload.cuda_mover import slot_runs  # noqa: E402
+from vllm_marconi_offload.layout import LayoutError, SlotLayout  # noqa: E402
 
 NUM_BLOCKS = 16
 

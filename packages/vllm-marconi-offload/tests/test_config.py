@@ -210,6 +210,7 @@ def test_a_newly_registered_policy_needs_no_plugin_edit() -> None:
     assert config.eviction_policy == "test-plugin-lru"
 
 
+@pytest.mark.vllm  # the worker's modules import torch
 def test_gpu_data_path_environment_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm_marconi_offload.cuda_mover import DEFAULT_STAGING_BYTES, staging_bytes_from_env
     from vllm_marconi_offload.worker import copy_mode_from_env

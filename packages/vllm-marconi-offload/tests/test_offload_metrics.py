@@ -5,8 +5,19 @@ from __future__ import annotations
 import functools
 from types import SimpleNamespace
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from vllm_marconi_offload.metrics import OffloadPromMetrics, OffloadStats
+import pytest
+
+pytestmark = pytest.mark.vllm  # the metrics are vLLM's KV-connector stats types
+pytest.importorskip("vllm")
+
+from prometheus_client import (  # noqa: E402
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from vllm_marconi_offload.metrics import OffloadPromMetrics, OffloadStats  # noqa: E402
 
 
 def _metrics() -> tuple[OffloadPromMetrics, CollectorRegistry]:

@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.vllm  # needs torch and Triton
 pytest.importorskip("triton")
 
 SCRIPT = textwrap.dedent(

@@ -3,8 +3,13 @@ knows where its own blocks end (so its request can start as soon as they have la
 
 from __future__ import annotations
 
-from vllm_marconi_offload.metadata import BlockTransfer, TransferJob
-from vllm_marconi_offload.worker import _by_group
+import pytest
+
+pytestmark = pytest.mark.vllm  # the worker imports torch
+pytest.importorskip("torch")
+
+from vllm_marconi_offload.plan import BlockTransfer, TransferJob  # noqa: E402
+from vllm_marconi_offload.worker import _by_group  # noqa: E402
 
 
 def job(job_id: int, *transfers: tuple[int, list[int], list[int]]) -> TransferJob:

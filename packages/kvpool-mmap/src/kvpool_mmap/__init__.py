@@ -10,10 +10,11 @@ In vLLM, workers map their rank's L1 file with `open_l1_rank(config, rank, creat
 and the scheduler owns `TieredStore(config, create_l1=False)`.
 """
 
-from ._codec import FORMAT_VERSION, HEADER_BYTES
+from ._codec import FORMAT_VERSION
 from ._config import (
     DIRECT_IO_MODES,
     FSYNC_MODES,
+    HEADER_BYTES,
     L1_OVERFLOW_MODES,
     MAX_IO_THREADS,
     MAX_KEY_BYTES,

@@ -23,12 +23,11 @@ from typing import NamedTuple
 import numpy as np
 import xxhash
 
-from ._config import MAX_KEY_BYTES, PAGE, StoreConfig
+from ._config import HEADER_BYTES, MAX_KEY_BYTES, PAGE, StoreConfig
 from ._errors import LayoutMismatchError
 
 FORMAT_VERSION = 1
 
-HEADER_BYTES = 256
 SLOT_MAGIC = b"KVSH"
 _SLOT = struct.Struct(f"<4sHHIIQQ{MAX_KEY_BYTES}s")
 _SLOT_CHECKED = _SLOT.size  # header checksum covers these bytes

@@ -21,6 +21,9 @@ PAGE = 4096
 MAX_KEY_BYTES = 128
 """Longest key a slot header can hold (block hash plus group id fit easily)."""
 
+HEADER_BYTES = 256
+"""Bytes of one L2 slot header (its format is in `_codec.py`)."""
+
 FsyncMode = Literal["batch", "always", "never"]
 DirectIO = Literal["auto", "on", "off"]
 L1Overflow = Literal["drop_unwritten", "demote"]
@@ -253,8 +256,6 @@ class StoreConfig:
     @property
     def l2_slot_bytes(self) -> int:
         """Bytes one L2 slot costs in a rank file: payload plus its header-table entry."""
-        from ._codec import HEADER_BYTES
-
         return self.l2_payload_bytes + HEADER_BYTES
 
     @property

@@ -22,13 +22,12 @@ import numpy as np
 
 from ._codec import (
     EMPTY_HEADER,
-    HEADER_BYTES,
     L2_MAGIC,
     Superblock,
     describe_mismatch,
     expected_superblock,
 )
-from ._config import PAGE, StoreConfig, prepare_dir
+from ._config import HEADER_BYTES, PAGE, StoreConfig, prepare_dir
 from ._errors import LayoutMismatchError
 from ._lock import lock_or_raise
 from ._slab import open_pool_file, read_exact, reserve, write_all

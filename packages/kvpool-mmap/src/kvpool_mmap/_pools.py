@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._codec import HEADER_BYTES, L1_MAGIC, L2_MAGIC, Superblock, decode_table
-from ._config import PAGE
+from ._codec import L1_MAGIC, L2_MAGIC, Superblock, decode_table
+from ._config import HEADER_BYTES, PAGE
 from ._errors import KvPoolError, LayoutMismatchError, PoolInUseError
 from ._lock import describe_process, holders, lock_or_raise, pid_alive, same_file
 from ._slab import open_pool_file

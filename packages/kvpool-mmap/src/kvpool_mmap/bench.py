@@ -29,8 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._codec import HEADER_BYTES
-from ._config import StoreConfig, TierConfig
+from ._config import HEADER_BYTES, StoreConfig, TierConfig
 from ._store import TieredStore
 
 GB = 1e9

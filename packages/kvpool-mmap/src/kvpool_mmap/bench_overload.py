@@ -32,8 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ._codec import HEADER_BYTES
-from ._config import L1_OVERFLOW_MODES, StoreConfig, TierConfig
+from ._config import HEADER_BYTES, L1_OVERFLOW_MODES, StoreConfig, TierConfig
 from ._io import BlockMover
 from ._store import TieredStore
 from ._types import LoadStatus, Tier

@@ -45,7 +45,7 @@ def block_content(key: bytes, rank: int, stride: int) -> np.ndarray:
 
 def stress_config(root: Path, stride: int = 65536, tp_size: int = 2) -> StoreConfig:
     """A deliberately tiny pool so that eviction, demotion and L2 slot reuse never stop."""
-    from ._codec import HEADER_BYTES
+    from ._config import HEADER_BYTES
 
     return StoreConfig(
         stride=stride,

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from vllm.v1.kv_offload import base as _base  # type: ignore[import-not-found]
 from vllm.v1.kv_offload.tiering import base as _tier_base  # type: ignore[import-not-found]
+from vllm_kv_identity import restart_hash_problem
 
 __all__ = [
     "JOB_RESULT_FIELDS",
@@ -197,21 +198,11 @@ def _current_hash_algo() -> str | None:
 
 
 def hash_seed_problem() -> str | None:
-    """Why block hashes would differ per process here, or None if they are reproducible.
-
-    vLLM <= 0.28 seeds ``NONE_HASH`` from ``os.urandom`` unless ``PYTHONHASHSEED`` is set;
-    0.29+ uses a fixed seed for sha256*, but still a random one for xxhash*.
-    """
-    if os.environ.get("PYTHONHASHSEED") not in (None, "", "random"):
-        return None
-    from vllm.v1.core import kv_cache_utils  # type: ignore[import-not-found]
-
-    if not hasattr(kv_cache_utils, "resolve_none_hash_seed"):
-        return f"vLLM {vllm_version()} seeds block hashes per process"
-    algo = _current_hash_algo()
-    if algo is not None and algo.startswith("xxhash"):
-        return f"prefix_caching_hash_algo={algo} seeds block hashes per process"
-    return None
+    """Why block hashes would differ per process here, or None if they are reproducible
+    (``vllm_kv_identity.restart_hash_problem`` for this vLLM and its hash algorithm)."""
+    return restart_hash_problem(
+        vllm_version(), _current_hash_algo(), os.environ.get("PYTHONHASHSEED")
+    )
 
 
 def warn_if_hashes_differ_per_process() -> None:

@@ -12,10 +12,15 @@ other spec it behaves exactly like ``OffloadingConnector``.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _compat as c
 from .load_errors import LoadErrors, attached
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.v1.outputs import KVConnectorOutput
 
 __all__ = ["MemKVOffloadingConnector"]
 
@@ -23,7 +28,9 @@ log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 
 
 class MemKVOffloadingConnector(c.offloading_connector_cls()):  # type: ignore[misc]
-    def __init__(self, vllm_config: Any, role: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, *args: Any, **kwargs: Any
+    ) -> None:
         self._memkv_load_errors = LoadErrors()
         with attached(self._memkv_load_errors):  # the spec's manager is built in here
             super().__init__(vllm_config, role, *args, **kwargs)
@@ -51,7 +58,7 @@ class MemKVOffloadingConnector(c.offloading_connector_cls()):  # type: ignore[mi
 
     # --- scheduler side -----------------------------------------------------------------
 
-    def update_connector_output(self, connector_output: Any) -> None:
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         if c.invalid_block_ids(connector_output):
             self._memkv_load_errors.scheduler_saw_failure()
         super().update_connector_output(connector_output)

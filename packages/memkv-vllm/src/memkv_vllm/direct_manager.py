@@ -13,16 +13,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _compat as c
 from ._compat import warn_if_hashes_differ_per_process
 from .load_errors import current as current_load_errors
+from .load_store_spec import MemKVLoadStoreSpec
 from .lookup import Answer, BatchedLookup
 from .metrics import LOOKUP_ROUNDS, TierMetrics
 from .naming import direct_key, prefix_differences, publish_key, split_prefix_record
 from .store import KVStore, open_store
 from .store_config import StoreConfig
+
+if TYPE_CHECKING:
+    from .spec import MemKVOffloadingSpec
 
 __all__ = ["MemKVDirectManager", "adopt_prefix"]
 
@@ -68,7 +72,7 @@ def adopt_prefix(store: KVStore, engine_id: str, world_size: int, timeout: float
 
 
 class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
-    def __init__(self, spec: Any) -> None:
+    def __init__(self, spec: MemKVOffloadingSpec) -> None:
         cfg = spec.cfg
         warn_if_hashes_differ_per_process()
         store_config = StoreConfig.resolve(spec.extra_config, "kv_connector_extra_config", "memkv_")
@@ -100,8 +104,6 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
         return _RESULT[answer]
 
     def prepare_load(self, keys: Collection[Any], req_context: Any) -> Any:
-        from .spec import MemKVLoadStoreSpec
-
         return MemKVLoadStoreSpec(list(keys))
 
     def touch(self, keys: Collection[Any], req_context: Any) -> None:
@@ -111,8 +113,6 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
         return None
 
     def prepare_store(self, keys: Collection[Any], req_context: Any) -> Any:
-        from .spec import MemKVLoadStoreSpec
-
         todo = [k for k in keys if self._lookup.peek_all(self._names(k)) is not Answer.HIT]
         return c.PrepareStoreOutput(
             keys_to_store=todo, store_spec=MemKVLoadStoreSpec(todo), evicted_keys=[]

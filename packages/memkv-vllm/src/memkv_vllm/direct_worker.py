@@ -20,7 +20,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from vllm_kv_identity import key_group, weights_fingerprint
 
 from . import _compat as c
 from .jobs import JobOutcome, JobRunner
@@ -28,7 +30,9 @@ from .load_errors import current as current_load_errors
 from .naming import direct_key, prefix_record, publish_key, split_prefix_record
 from .store import open_store
 from .store_config import StoreConfig
-from .weights import weights_fingerprint
+
+if TYPE_CHECKING:
+    from .spec import MemKVOffloadingSpec
 
 __all__ = ["MemKVDirectWorker", "choose_scratch_medium"]
 
@@ -63,7 +67,7 @@ def choose_scratch_medium(setting: str, device: Any, has_rdma: bool) -> str:
 
 
 class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
-    def __init__(self, spec: Any, kv_caches: Any) -> None:
+    def __init__(self, spec: MemKVOffloadingSpec, kv_caches: Any) -> None:
         import torch
 
         cfg = spec.cfg
@@ -149,7 +153,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             raise RuntimeError(f"{len(keys)} keys for {len(ids)} GPU blocks")
         plan = []
         for key, block in zip(keys, ids, strict=True):
-            group = int.from_bytes(key[-4:], "big")
+            group = key_group(key)
             plan.append((direct_key(self.prefix, self.rank, key), group, block))
         return plan
 

@@ -8,23 +8,20 @@ scheduler side is :class:`~.direct_manager.MemKVDirectManager`, the worker side
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _compat as c
 from .config import ConfigError, DirectConfig
+from .direct_manager import MemKVDirectManager
+from .load_store_spec import MemKVLoadStoreSpec
 from .metrics import metric_definitions
 
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.config import OffloadingConfig
+
+    from .direct_worker import MemKVDirectWorker
+
 __all__ = ["MemKVLoadStoreSpec", "MemKVOffloadingSpec"]
-
-
-class MemKVLoadStoreSpec(c.LoadStoreSpec):  # type: ignore[misc]
-    """The OffloadKeys of a transfer, in the order of the GPU blocks they pair with."""
-
-    def __init__(self, keys: list[bytes]) -> None:
-        self.keys = keys
-
-    def __repr__(self) -> str:
-        return f"MemKVLoadStoreSpec({len(self.keys)} keys)"
 
 
 class MemKVOffloadingSpec(c.OffloadingSpec):  # type: ignore[misc]
@@ -32,7 +29,7 @@ class MemKVOffloadingSpec(c.OffloadingSpec):  # type: ignore[misc]
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
         return metric_definitions()
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: OffloadingConfig) -> None:
         super().__init__(config)
         self.cfg = DirectConfig.from_extra_config(self.extra_config)
         parallel = config.parallel
@@ -53,17 +50,15 @@ class MemKVOffloadingSpec(c.OffloadingSpec):  # type: ignore[misc]
                 f"blocks_per_chunk makes chunks of {self.blocks_per_chunk} GPU blocks; "
                 "remove block_size and blocks_per_chunk",
             )  # fmt: skip
-        self._manager: Any = None
-        self._worker: Any = None
+        self._manager: MemKVDirectManager | None = None
+        self._worker: MemKVDirectWorker | None = None
 
-    def get_manager(self) -> Any:
+    def get_manager(self) -> MemKVDirectManager:
         if self._manager is None:
-            from .direct_manager import MemKVDirectManager
-
             self._manager = MemKVDirectManager(self)
         return self._manager
 
-    def get_worker(self, kv_caches: Any) -> Any:
+    def get_worker(self, kv_caches: Any) -> MemKVDirectWorker:
         if self._worker is None:
             from .direct_worker import MemKVDirectWorker
 

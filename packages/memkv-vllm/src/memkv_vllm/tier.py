@@ -18,6 +18,7 @@ from collections.abc import Collection, Iterable
 from typing import Any, ClassVar
 
 import numpy as np
+from vllm_kv_identity import weights_fingerprint
 
 from . import _compat as c
 from .config import TierConfig
@@ -37,7 +38,6 @@ from .metrics import (
 from .naming import TierNamer
 from .store import open_store
 from .store_config import StoreConfig, store_keys
-from .weights import weights_fingerprint
 
 __all__ = ["MemKVTierManager", "memkv"]
 

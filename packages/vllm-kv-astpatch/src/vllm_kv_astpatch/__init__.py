@@ -2,13 +2,12 @@
 
 The one patch today lets external KV connectors serve Mamba-hybrid models on vLLM
 0.22.1 (see the README for what it guarantees on which vLLM). Connectors call
-:func:`apply_hybrid_patch` (or rely on the ``vllm.general_plugins`` entry point) and
-trim their hits with :func:`aligned_external_hit_tokens`.
+:func:`apply_hybrid_patch` (or rely on the ``vllm.general_plugins`` entry point); where a
+hit may end on such a model is ``vllm_kv_identity.aligned_external_hit_tokens``.
 """
 
 from __future__ import annotations
 
-from ._alignment import aligned_external_hit_tokens, mamba_alignment_tokens
 from ._hybrid import (
     DISABLE_ENV,
     SUPPORTED_VLLM,
@@ -30,10 +29,8 @@ __all__ = [
     "PatchReport",
     "PatchSkipped",
     "__version__",
-    "aligned_external_hit_tokens",
     "apply_hybrid_patch",
     "hybrid_external_hits_supported",
-    "mamba_alignment_tokens",
     "patch_report",
     "revert_hybrid_patch",
 ]

@@ -9,24 +9,26 @@ Use it with::
 
 from __future__ import annotations
 
-import vllm_kv_astpatch
+from typing import TYPE_CHECKING
 
 from ._version import __version__
 from .config import ConfigError, OffloadConfig
-from .connector import MarconiOffloadConnector
 
-__all__ = ["PATCH_STATUS", "ConfigError", "MarconiOffloadConnector", "OffloadConfig", "__version__"]
+__all__ = ["ConfigError", "MarconiOffloadConnector", "OffloadConfig", "__version__"]
 
-# Lets external hits reach hybrid (Mamba) models on vLLM releases that still guard against
-# them; a no-op ("not-needed") elsewhere. Idempotent and fail-closed.
-vllm_kv_astpatch.apply_hybrid_patch()
+if TYPE_CHECKING:
+    from .connector import MarconiOffloadConnector
 
 _RENAMED = {"SimpleCPUOffloadConnector": "MarconiOffloadConnector"}
 
 
 def __getattr__(name: str) -> object:
-    if name == "PATCH_STATUS":  # read live: "applied" / "not-needed" / "skipped-<reason>"
-        return vllm_kv_astpatch.PATCH_STATUS
+    # The connector imports vLLM; loaded on first use, so the vLLM-free modules (config,
+    # spec, scheduler, stats, ...) import without it.
+    if name == "MarconiOffloadConnector":
+        from .connector import MarconiOffloadConnector
+
+        return MarconiOffloadConnector
     if name in _RENAMED:
         raise ValueError(
             f'"kv_connector": "{name}" with "kv_connector_module_path": '

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from packaging.version import Version
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
 
 SUPPORTED = (Version("0.27.1"), Version("0.34"))
 
@@ -33,7 +38,7 @@ def check_supported(version: str) -> str | None:
     )
 
 
-def scheduler_block_size(vllm_config: Any, kv_cache_config: Any) -> int:
+def scheduler_block_size(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> int:
     """Tokens per block as the scheduler hashes them (`hash_block_size` where present)."""
     hash_block_size = getattr(kv_cache_config, "hash_block_size", None)
     if hash_block_size:
@@ -41,12 +46,12 @@ def scheduler_block_size(vllm_config: Any, kv_cache_config: Any) -> int:
     return int(vllm_config.cache_config.block_size)
 
 
-def hash_algorithm(vllm_config: Any) -> str:
+def hash_algorithm(vllm_config: VllmConfig) -> str:
     return str(getattr(vllm_config.cache_config, "prefix_caching_hash_algo", "sha256"))
 
 
 def cached_requests(
-    scheduler_output: Any,
+    scheduler_output: SchedulerOutput,
 ) -> Iterator[tuple[str, tuple[list[int], ...] | None, int, bool]]:
     """(req_id, new block ids, num computed tokens, resumed from preemption) per cached request.
 

@@ -10,7 +10,10 @@ tensors it is handed agree with it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_cache_interface import KVCacheConfig
 
 
 class LayoutError(RuntimeError):
@@ -59,7 +62,7 @@ class SlotLayout:
         )
 
     @classmethod
-    def from_kv_cache_config(cls, kv_cache_config: Any) -> SlotLayout:
+    def from_kv_cache_config(cls, kv_cache_config: KVCacheConfig) -> SlotLayout:
         """Build the layout from vLLM's `KVCacheConfig` (duck-typed across versions)."""
         groups = []
         for group_id, group in enumerate(kv_cache_config.kv_cache_groups):

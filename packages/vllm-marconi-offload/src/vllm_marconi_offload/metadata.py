@@ -1,52 +1,33 @@
-"""Plain data that crosses from the scheduler process to the workers and back."""
+"""The plain plan and report types (`plan.py`) as vLLM's connector metadata types."""
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorWorkerMetadata,
 )
 
+from .plan import BlockTransfer, StepPlan, StoreReport, TransferJob
 
-@dataclass(frozen=True)
-class BlockTransfer:
-    """Blocks of one KV-cache group paired with L1 slots, in the same order."""
-
-    group_id: int
-    gpu_blocks: tuple[int, ...]
-    slots: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class TransferJob:
-    """One request's load (L1 -> GPU) or store (GPU -> L1) for one step."""
-
-    job_id: int
-    req_id: str
-    transfers: tuple[BlockTransfer, ...]
+__all__ = ["BlockTransfer", "OffloadMetadata", "TransferJob", "WorkerReport"]
 
 
 @dataclass
-class OffloadMetadata(KVConnectorMetadata):  # type: ignore[misc]
-    """What the workers do this step: loads before the forward, stores after it."""
+class OffloadMetadata(StepPlan, KVConnectorMetadata):  # type: ignore[misc]
+    """A `StepPlan` sent to the workers as vLLM's connector metadata."""
 
-    loads: list[TransferJob] = field(default_factory=list)
-    stores: list[TransferJob] = field(default_factory=list)
-    step: int = -1
-    """The scheduler's number for this step; the workers report it back once it ran."""
+    @classmethod
+    def of(cls, plan: StepPlan) -> OffloadMetadata:
+        return cls(loads=plan.loads, stores=plan.stores, step=plan.step)
 
 
 @dataclass
-class WorkerReport(KVConnectorWorkerMetadata):  # type: ignore[misc]
-    """What the workers report after a step: the store jobs they finished (counted over
-    all workers of the engine) and the last step they ran (-1: none yet)."""
-
-    done: Counter[int] = field(default_factory=Counter)
-    step: int = -1
+class WorkerReport(StoreReport, KVConnectorWorkerMetadata):  # type: ignore[misc]
+    """A `StoreReport` sent back as vLLM's connector worker metadata."""
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> WorkerReport:
         assert isinstance(other, WorkerReport)
-        return WorkerReport(done=self.done + other.done, step=max(self.step, other.step))
+        merged = self.merged(other)
+        return WorkerReport(done=merged.done, step=merged.step)

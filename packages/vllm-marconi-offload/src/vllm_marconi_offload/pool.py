@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpool_mmap import StoreConfig, TierConfig, remove_stale_l1
+from vllm_kv_identity import weights_fingerprint
 
 from .config import OffloadConfig, user_keys
 from .layout import LayoutError, SlotLayout
@@ -25,31 +26,19 @@ ANONYMOUS_L1_ROOT = "/dev/shm"
 ANONYMOUS_L1_PREFIX = "vllm-marconi-offload-"
 
 
-def weights_fingerprint(model: str) -> str:
-    """Identify the checkpoint: config.json bytes plus each weight file's size and mtime.
-
-    A new checkpoint saved under the same path must never restore the old one's KV.
-    For a hub id with no local folder, the id and revision are all we have.
-    """
-    folder = Path(model)
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(model.encode())
-    if folder.is_dir():
-        config = folder / "config.json"
-        if config.is_file():
-            digest.update(config.read_bytes())
-        for weight in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
-            stat = weight.stat()
-            digest.update(f"{weight.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    return digest.hexdigest()
-
-
 def layout_fingerprint(vllm_config: Any, layout: SlotLayout, block_size: int) -> bytes:
-    """Bytes that change whenever stored KV would no longer be valid for this engine."""
+    """Bytes that change whenever stored KV would no longer be valid for this engine.
+
+    The weights count by content (a new checkpoint or hub snapshot under the same name
+    changes them; L2 outlives the process, and only this host reads it).
+    """
     model_config = vllm_config.model_config
+    revision = getattr(model_config, "revision", None)
+    model = str(model_config.model)
     fields = (
-        weights_fingerprint(str(model_config.model)),
-        str(getattr(model_config, "revision", None)),
+        model,
+        weights_fingerprint(model, revision, host_local=True),
+        str(revision),
         str(model_config.dtype),
         str(vllm_config.cache_config.cache_dtype),
         block_size,

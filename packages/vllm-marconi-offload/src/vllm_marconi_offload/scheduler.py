@@ -12,11 +12,11 @@ Runs in vLLM's engine-core process and must never block a scheduler step:
   blocks vLLM allocated; the load goes to the workers in the next metadata.
 * `build_metadata`: the loads above, and a store for every block that becomes full in this
   step (demote-on-store; admission decides). Store slots stay pinned until every worker
-  reported the copy done (`WorkerReport`), then they are committed.
+  reported the copy done (`StoreReport`), then they are committed.
 
 Every KV-cache group is handled. Attention groups need every block of the hit; state
 groups (Mamba, linear attention) need only the state checkpointed at the hit's last
-block, and hits end on their alignment (`vllm_kv_astpatch.aligned_external_hit_tokens`).
+block, and hits end on their alignment (`vllm_kv_identity.aligned_external_hit_tokens`).
 The store's own index decides hits: vLLM's BlockPool is never touched.
 """
 
@@ -25,18 +25,22 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
-from kvpool_mmap import LoadStatus, LoadTicket, StoreTicket, Tier, TieredStore
-from vllm_kv_astpatch import aligned_external_hit_tokens, hybrid_external_hits_supported
+from kvpool_mmap import LoadStatus, LoadTicket, StoreStats, StoreTicket, Tier, TieredStore
+from vllm_kv_identity import aligned_external_hit_tokens, block_key, chain_keys
 
 from . import compat
 from .cost import LoadCostModel
-from .keys import block_key, chain_keys
 from .layout import SlotLayout
 from .log import logger
-from .metadata import BlockTransfer, OffloadMetadata, TransferJob, WorkerReport
+from .plan import BlockTransfer, StepPlan, StoreReport, TransferJob
 from .stats import HitCounters, TransferTimer
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
 
 NULL_BLOCK = 0  # vLLM's placeholder block id (skipped window / unallocated positions)
 
@@ -57,7 +61,7 @@ class _Lookup:
 
 @dataclass
 class _RequestState:
-    request: Any
+    request: Request
     block_ids: list[list[int]] = field(default_factory=list)
     stored_blocks: int = 0
     lookup: _Lookup | None = None
@@ -80,7 +84,7 @@ class OffloadScheduler:
         layout: SlotLayout,
         block_size: int,
         world_size: int,
-        kv_cache_config: Any,
+        kv_cache_config: KVCacheConfig,
         cost: LoadCostModel,
     ) -> None:
         self._store = store
@@ -101,14 +105,6 @@ class OffloadScheduler:
                 odd,
                 block_size,
             )
-        if self._state_groups and not hybrid_external_hits_supported():
-            logger.warning(
-                "this vLLM cannot take external hits on hybrid models (see "
-                "vllm_kv_astpatch.patch_report()); blocks are stored but never loaded"
-            )
-            self._loads_allowed = False
-        else:
-            self._loads_allowed = True
         self._requests: dict[str, _RequestState] = {}
         self._loads_to_send: list[TransferJob] = []
         self._loads_in_flight: dict[str, _Lookup] = {}
@@ -119,7 +115,7 @@ class OffloadScheduler:
         self.timer = TransferTimer()
 
     # -- lookups ---------------------------------------------------------------------
-    def lookup(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def lookup(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """External tokens beyond `num_computed_tokens` ready in L1 (None: ask again)."""
         state = self._requests.setdefault(request.request_id, _RequestState(request))
         if state.lookup is None and self._local_hit_is_complete(request, num_computed_tokens):
@@ -144,12 +140,12 @@ class OffloadScheduler:
             return 0, False
         return external, True
 
-    def _max_hit_blocks(self, request: Any) -> int:
+    def _max_hit_blocks(self, request: Request) -> int:
         """Blocks a hit may cover: hashed ones, leaving at least one token to compute (vLLM
         needs a forward pass to sample)."""
         return min(int(request.num_tokens - 1) // self._block_size, len(request.block_hashes))
 
-    def _local_hit_is_complete(self, request: Any, num_computed_tokens: int) -> bool:
+    def _local_hit_is_complete(self, request: Request, num_computed_tokens: int) -> bool:
         return num_computed_tokens >= self._max_hit_blocks(request) * self._block_size
 
     def _count_lookup(self, state: _RequestState) -> None:
@@ -170,9 +166,9 @@ class OffloadScheduler:
             return 0  # the state at the hit's end is gone: nothing before it is usable
         return min((t.ready_prefix for t in lookup.chains.values()), default=lookup.blocks)
 
-    def _start_lookup(self, request: Any) -> _Lookup | None:
+    def _start_lookup(self, request: Request) -> _Lookup | None:
         hashes = list(request.block_hashes[: self._max_hit_blocks(request)])
-        if not hashes or not self._loads_allowed:
+        if not hashes:
             return None
         found = len(hashes)
         tiers: list[list[Tier]] = []
@@ -229,7 +225,7 @@ class OffloadScheduler:
         return 0
 
     # -- allocation --------------------------------------------------------------------
-    def allocated(self, request: Any, block_ids: tuple[list[int], ...], external: int) -> None:
+    def allocated(self, request: Request, block_ids: tuple[list[int], ...], external: int) -> None:
         """vLLM allocated GPU blocks; queue the L1 -> GPU load of the external tokens."""
         state = self._requests.setdefault(request.request_id, _RequestState(request))
         state.block_ids = [list(ids) for ids in block_ids]
@@ -264,12 +260,12 @@ class OffloadScheduler:
             state.lookup = None
 
     # -- per step ----------------------------------------------------------------------
-    def build_metadata(self, scheduler_output: Any) -> OffloadMetadata:
+    def build_metadata(self, scheduler_output: SchedulerOutput) -> StepPlan:
         """This step's loads, plus stores of every block that becomes full in it."""
         self._store.tick()
         step = next(self._step_ids)
         self._cost.on_step(step, scheduler_output.total_num_scheduled_tokens)
-        meta = OffloadMetadata(loads=self._loads_to_send, step=step)
+        meta = StepPlan(loads=self._loads_to_send, step=step)
         self._loads_to_send = []
         if not self._enabled:
             return meta
@@ -292,7 +288,7 @@ class OffloadScheduler:
             self._plan_store(state, computed + num_scheduled.get(req_id, 0), meta)
         return meta
 
-    def _plan_store(self, state: _RequestState, computed_after: int, meta: OffloadMetadata) -> None:
+    def _plan_store(self, state: _RequestState, computed_after: int, meta: StepPlan) -> None:
         request = state.request
         full = min(computed_after // self._block_size, len(request.block_hashes))
         if full <= state.stored_blocks or not state.block_ids:
@@ -334,7 +330,7 @@ class OffloadScheduler:
 
     # -- worker feedback ---------------------------------------------------------------
     def on_worker_output(
-        self, finished_recving: set[str] | None, report: WorkerReport | None
+        self, finished_recving: set[str] | None, report: StoreReport | None
     ) -> None:
         """A step's output is back: time the step the workers ran, unpin finished loads,
         commit the stores every worker has finished."""
@@ -367,6 +363,13 @@ class OffloadScheduler:
 
     def has_pending_work(self) -> bool:
         return bool(self._loads_to_send or self._stores_in_flight)
+
+    def store_stats(self) -> StoreStats:
+        return self._store.stats()
+
+    def reset(self) -> int:
+        """Drop every block nothing is using from L1 and L2; the number dropped."""
+        return self._store.clear()
 
     def shutdown(self) -> None:
         self._store.close()

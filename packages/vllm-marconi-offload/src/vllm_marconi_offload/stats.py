@@ -164,3 +164,47 @@ class ReportedStats:
         self.counters.update(counters)
         self.gauges.update(gauges)
         return data
+
+
+class StatsReporter:
+    """What the connector reports from the scheduler side: counter increments, gauges that
+    changed and transfer durations since the last report (vLLM's KV-connector stats), and,
+    every `hit_log_interval` lookups, the hit and eviction log lines."""
+
+    def __init__(
+        self,
+        counters: HitCounters,
+        timer: TransferTimer,
+        store_stats: Callable[[], StoreStats],
+        store_config: StoreConfig,
+        hit_log_interval: int,
+    ) -> None:
+        self._counters = counters
+        self._timer = timer
+        self._store_stats = store_stats
+        self._store_config = store_config
+        self._interval = hit_log_interval
+        self._reported = ReportedStats()
+        self._hit_lines_logged = 0
+
+    def due_log_lines(self) -> list[str]:
+        """The hit and eviction lines when another `hit_log_interval` lookups were
+        counted since the last ones, else nothing."""
+        intervals = self._counters.requests // self._interval
+        if intervals <= self._hit_lines_logged:
+            return []
+        self._hit_lines_logged = intervals
+        return [self._counters.hit_line(), eviction_line(self._store_stats())]
+
+    def report(self) -> dict[str, int | list[float]]:
+        """What changed since the last call (see the class docstring)."""
+        stats = self._store_stats()
+        data: dict[str, int | list[float]] = {}
+        data.update(
+            self._reported.changes(
+                counters={**self._counters.as_dict(), **store_counters(stats)},
+                gauges=occupancy(stats, self._store_config),
+            )
+        )
+        data.update(self._timer.take())
+        return data

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from vllm_kv_astpatch import aligned_external_hit_tokens, mamba_alignment_tokens
+from vllm_kv_identity import aligned_external_hit_tokens, mamba_alignment_tokens
 
 
 @dataclass

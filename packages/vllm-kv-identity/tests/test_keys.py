@@ -1,15 +1,16 @@
-"""Store keys, and the warning about block hashes that change across restarts."""
+"""Store keys, and whether block hashes change across restarts."""
 
 from __future__ import annotations
 
 import pytest
-from vllm_marconi_offload.keys import block_key, chain_keys, restart_hash_problem
+from vllm_kv_identity import block_key, chain_keys, key_group, restart_hash_problem
 
 
 def test_keys_carry_hash_and_group() -> None:
     assert block_key(b"\x01" * 32, 3) == b"\x01" * 32 + b"\x00\x00\x00\x03"
     assert block_key(b"h", 0) != block_key(b"h", 1)
     assert chain_keys([b"a", b"b"], 2) == [block_key(b"a", 2), block_key(b"b", 2)]
+    assert key_group(block_key(b"\x01" * 32, 70000)) == 70000
 
 
 @pytest.mark.parametrize(

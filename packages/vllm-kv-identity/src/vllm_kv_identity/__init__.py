@@ -1,0 +1,32 @@
+"""What makes KV stored by one vLLM process reusable by another, shared by both plugins.
+
+* `weights_fingerprint`: which checkpoint computed the KV.
+* `restart_hash_problem`: whether vLLM's block hashes will be the same in the next process.
+* `block_key`, `chain_keys`, `key_group`: how a block hash and its KV-cache group pack into
+  one store key (the packing of vLLM's own `OffloadKey`).
+* `aligned_external_hit_tokens`, `mamba_alignment_tokens`: where an external hit may end
+  on a model with Mamba layers.
+
+Standard library and `packaging` only: nothing here imports vLLM; callers pass in what
+they read from it.
+"""
+
+from __future__ import annotations
+
+from ._version import __version__
+from .alignment import aligned_external_hit_tokens, mamba_alignment_tokens
+from .hashseed import restart_hash_problem
+from .keys import GROUP_ID_BYTES, block_key, chain_keys, key_group
+from .weights import weights_fingerprint
+
+__all__ = [
+    "GROUP_ID_BYTES",
+    "__version__",
+    "aligned_external_hit_tokens",
+    "block_key",
+    "chain_keys",
+    "key_group",
+    "mamba_alignment_tokens",
+    "restart_hash_problem",
+    "weights_fingerprint",
+]
