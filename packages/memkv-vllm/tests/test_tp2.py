@@ -12,6 +12,7 @@ from memkv_harness import BLOCK, PROMPTS, MemKVServer, direct_config
 
 TP = 2
 pytestmark = [
+    pytest.mark.vllm,
     pytest.mark.tp,
     pytest.mark.skipif(
         len(os.sched_getaffinity(0)) < TP, reason=f"tensor parallelism {TP} needs {TP} CPUs"

@@ -6,11 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from memkv_harness import MemKVServer
-from memkv_vllm.direct_manager import adopt_prefix
-from memkv_vllm.naming import direct_prefix, prefix_record, publish_key
-from memkv_vllm.store_config import StoreConfig
-from memkv_vllm.store_memkv import MemKVStore
+
+pytestmark = pytest.mark.vllm  # direct_manager imports vLLM
+pytest.importorskip("vllm")
+
+from memkv_harness import MemKVServer  # noqa: E402
+from memkv_vllm.direct_manager import adopt_prefix  # noqa: E402
+from memkv_vllm.naming import direct_prefix, prefix_record, publish_key  # noqa: E402
+from memkv_vllm.store_config import StoreConfig  # noqa: E402
+from memkv_vllm.store_memkv import MemKVStore  # noqa: E402
 
 IDENT = {
     "model": "m",
