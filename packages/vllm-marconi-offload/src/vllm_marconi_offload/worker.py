@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TypeVar
@@ -72,6 +73,7 @@ class OffloadWorker:
         self._stores_in_flight: list[tuple[int, list[torch.cuda.Event]]] = []
         self._step = -1
         self._reported_step = -1
+        self._unpublish: Callable[[], object] | None = None
 
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         """Map the KV cache tensors and create this rank's L1 file."""
@@ -84,6 +86,10 @@ class OffloadWorker:
                 with_physical_layout(self._store_config, physical), rank=self._rank, create=True
             )
         publish_physical_layout(self._store_config, self._rank, physical)
+        # Removed with the L1 file, also where vLLM never calls shutdown (the L1 file's own
+        # finalizer removes it at interpreter exit; so does this one the note).
+        note = physical_layout_file(self._store_config, self._rank)
+        self._unpublish = weakref.finalize(self, note.unlink, missing_ok=True)
         first = next(iter(kv_caches.values()))
         registered = bool(first.is_cuda and l1.register_cuda())
         self._l1 = l1
@@ -202,7 +208,8 @@ class OffloadWorker:
         close = getattr(self._l1, "close", None)
         if close is not None:
             close()
-            physical_layout_file(self._store_config, self._rank).unlink(missing_ok=True)
+        if self._unpublish is not None:
+            self._unpublish()
 
 
 def _by_group(jobs: list[TransferJob]) -> dict[int, tuple[list[int], list[int], list[int]]]:
