@@ -409,11 +409,13 @@ class _Connection:
             info.max_value_len, info.max_bulk_len, info.rdma, info.server_id, info.xfer,
             srv.boot_nonce, conn_nonce, info.idle_timeout_ms,
         )  # fmt: skip
+        # Authenticated from here (the HELLO verified), before the reply leaves: a client
+        # that has its answer must never be closed as unauthenticated to make room.
+        self.authenticated = True
         self._reply_signer = srv.signer.hello_reply(client_nonce)
         self._send(self._reply(h, p.encode_hello_reply(reply)), deadline)
         self.session = srv.signer.session(client_nonce, srv.boot_nonce, conn_nonce)
         self._reply_signer = self.session
-        self.authenticated = True
 
     def _exists(self, h: Header, meta: bytes, deadline: float) -> None:
         keys = p.decode_keys(meta, self.server.max_batch_items)
