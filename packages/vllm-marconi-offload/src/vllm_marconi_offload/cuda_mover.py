@@ -76,6 +76,7 @@ class _Ring:
         self, device: torch.device, width: int, chunk_blocks: int, count: int, *, kernel: bool
     ) -> None:
         self.chunk_blocks = chunk_blocks
+        self.positions = torch.arange(chunk_blocks, device=device)  # a buffer's row ids
         self._buffers = []
         for _ in range(count):
             data = torch.empty((chunk_blocks, width), dtype=torch.uint8, device=device)
@@ -166,10 +167,9 @@ class CudaBlockMover:
         with torch.cuda.stream(self._gather):
             indices = _index(blocks, self._device)
             slot_ids = _index(slots, self._device)
-            positions = torch.arange(ring.chunk_blocks, device=self._device)
-        # Read on the copy stream too: keep the allocator from reusing them before it has.
+        positions = ring.positions
+        # Read on the copy stream too: keep the allocator from reusing it before it has.
         slot_ids.record_stream(self._copy)
-        positions.record_stream(self._copy)
         for begin in range(0, len(blocks), ring.chunk_blocks):
             count = min(ring.chunk_blocks, len(blocks) - begin)
             chunk_slots = slots[begin : begin + count]
@@ -230,7 +230,7 @@ class CudaBlockMover:
             indices = _index(blocks, self._device)
             if plan is not None:
                 slot_ids = _index(slots, self._device)
-                positions = torch.arange(ring.chunk_blocks, device=self._device)
+        positions = ring.positions
         events: list[torch.cuda.Event] = []
         self._record_reached(events, ends, 0)
         for begin in range(0, len(blocks), ring.chunk_blocks):
