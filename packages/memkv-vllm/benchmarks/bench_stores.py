@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parents[2] / "tools"))
 
-from memkv_harness import MemKVServer  # noqa: E402
-from mooncake_harness import MooncakeCluster  # noqa: E402
+from memkv_server import MemKVServer  # noqa: E402
+from mooncake_cluster import MooncakeCluster  # noqa: E402
 
 BATCH = 8
 Op = Callable[[list[bytes]], int]  # one batch of keys -> items that succeeded

@@ -9,7 +9,8 @@ store, put there by A. Prints per-instance hit counts (from each server's /metri
 and whether B generated exactly A's tokens.
 
 On the CPU build of vLLM, the primary CPU tier needs a torch copy worker (vLLM's own
-refuses the CPU platform); the demo uses the test scaffold ``CPUTestTieringSpec`` for
+refuses the CPU platform); the demo uses the test scaffold ``CPUTestTieringSpec``
+(tests-integration/scaffold/) for
 that, which only replaces the GPU<->CPU-pool copies. The MemKV tier is the shipped code.
 """
 
@@ -30,13 +31,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 PKG = HERE.parent
 ROOT = PKG.parents[1]
+SCAFFOLD = ROOT / "tests-integration" / "scaffold"
 sys.path.insert(0, str(ROOT / "tools"))
 
-sys.path.insert(0, str(PKG / "tests"))
-
 import tiny_model  # noqa: E402
-from mooncake_harness import MooncakeCluster  # noqa: E402
-from vllm_server import VllmServer, free_port, metric_sum  # noqa: E402
+from local_ports import free_port  # noqa: E402
+from mooncake_cluster import MooncakeCluster  # noqa: E402
+from vllm_server import VllmServer, metric_sum  # noqa: E402
 
 BLOCK = 32
 
@@ -123,9 +124,7 @@ def run(args: argparse.Namespace) -> int:
         "PYTHONHASHSEED": "0",  # both instances must hash blocks alike
         **store.env,
         "PYTHONPATH": os.pathsep.join(
-            p
-            for p in (str(PKG / "tests" / "scaffold"), os.environ.get("PYTHONPATH", ""))
-            if p and scaffold
+            p for p in (str(SCAFFOLD), os.environ.get("PYTHONPATH", "")) if p and scaffold
         ),
     }
     servers = {
