@@ -1,9 +1,9 @@
 """memkv-vllm's side of the real-engine suites: its prompts, its two connector
 configurations, and the engine environment.
 
-Engines get ``PYTHONHASHSEED=0`` (instances share blocks only with a pinned seed), the AMX
-sitecustomize, and ``scaffold/`` (the CPU copy worker for vLLM's primary CPU tier) on
-``PYTHONPATH``.
+Engines get `PYTHONHASHSEED=0` (instances share blocks only with a pinned seed), the AMX
+sitecustomize, and `scaffold/` (the CPU copy worker for vLLM's primary CPU tier) on
+`PYTHONPATH`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``MemKVOffloadingSpec`` (direct mode) on real vLLM (CPU build) and a real ``memkv serve``."""
+"""`MemKVOffloadingSpec` (direct mode) on real vLLM (CPU build) and a real `memkv serve`."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_direct_spec_round_trips_within_and_across_processes(
 
 
 def _vanishing_phases(between: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """P1 stored; P1 loaded back (the lookup's HIT stays cached); ``between``; P1 again,
+    """P1 stored; P1 loaded back (the lookup's HIT stays cached); `between`; P1 again,
     whose cached HIT is stale by then: its load finds nothing in MemKV."""
     return [
         {"prompts": [P1]},

@@ -1,6 +1,6 @@
 """Both modes on real vLLM (CPU build) over a real Mooncake Store cluster on 127.0.0.1:
-``mooncake_master`` with its embedded HTTP metadata server and three store processes that
-mount the memory; the vLLM engines are pure clients (``mooncake_segment_mb`` 0)."""
+`mooncake_master` with its embedded HTTP metadata server and three store processes that
+mount the memory; the vLLM engines are pure clients (`mooncake_segment_mb` 0)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``memkv`` secondary tier on real vLLM (CPU build) against a real ``memkv serve``."""
+"""The `memkv` secondary tier on real vLLM (CPU build) against a real `memkv serve`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Direct mode at tensor parallelism 2 on real vLLM (two CPU worker processes) and a real
-``memkv serve``: each rank stores its own value of every block, and a second engine
+`memkv serve`: each rank stores its own value of every block, and a second engine
 process gets cross-instance hits with the same tokens."""
 
 from __future__ import annotations

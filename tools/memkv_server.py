@@ -1,4 +1,4 @@
-"""A real ``memkv serve`` process on 127.0.0.1 for tests, demos and benchmarks."""
+"""A real `memkv serve` process on 127.0.0.1 for tests, demos and benchmarks."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from local_ports import free_port, wait_listening
 
 @dataclass
 class MemKVServer:
-    """One real ``memkv serve`` process; ``restart`` loses every value, like a crash."""
+    """One real `memkv serve` process; `restart` loses every value, like a crash."""
 
     log_path: Path
     memory: str = "256MiB"
@@ -64,7 +64,7 @@ class MemKVServer:
 
 @pytest.fixture
 def memkv(tmp_path: Path) -> Iterator[MemKVServer]:
-    """A fresh ``memkv serve`` for one test (conftest.py files import this fixture)."""
+    """A fresh `memkv serve` for one test (conftest.py files import this fixture)."""
     server = MemKVServer(tmp_path / "memkv.log").start()
     yield server
     server.stop()

@@ -1,8 +1,8 @@
 """A real Mooncake Store cluster on 127.0.0.1 for tests, the benchmark and the demo.
 
-``mooncake_master`` (with its embedded HTTP metadata server) plus store processes
-(``mooncake_segment.py`` beside this file) that mount memory segments; every port is a free
-ephemeral one and every endpoint is advertised on loopback (``MC_TCP_BIND_ADDRESS``).
+`mooncake_master` (with its embedded HTTP metadata server) plus store processes
+(`mooncake_segment.py` beside this file) that mount memory segments; every port is a free
+ephemeral one and every endpoint is advertised on loopback (`MC_TCP_BIND_ADDRESS`).
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ SEGMENT_DRIVER = Path(__file__).resolve().parent / "mooncake_segment.py"
 
 
 def mooncake_master_binary() -> str | None:
-    """``mooncake_master`` next to this Python, or on PATH; None if Mooncake is missing."""
+    """`mooncake_master` next to this Python, or on PATH; None if Mooncake is missing."""
     beside = Path(sys.executable).parent / "mooncake_master"
     return str(beside) if beside.exists() else shutil.which("mooncake_master")
 
 
 @dataclass
 class MooncakeCluster:
-    """``mooncake_master`` + ``stores`` segment processes of ``segment_mb`` MiB each."""
+    """`mooncake_master` + `stores` segment processes of `segment_mb` MiB each."""
 
     folder: Path
     stores: int = 3

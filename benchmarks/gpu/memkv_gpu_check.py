@@ -2,10 +2,10 @@
 
 Not collected by pytest (CI has no GPU). Run on a GPU host with vLLM, torch and
 transformers importable and memkv-client / memkv-vllm on PYTHONPATH (their entry point
-registered through a dist-info, see README): ``python memkv_gpu_check.py OUTDIR`` (``run_memkv_gpu_check.sh`` does all of it).
-Writes ``OUTDIR/gpu_check.json`` and exits non-zero if a check fails.
+registered through a dist-info, see README): `python memkv_gpu_check.py OUTDIR` (`run_memkv_gpu_check.sh` does all of it).
+Writes `OUTDIR/gpu_check.json` and exits non-zero if a check fails.
 
-Checks: identical tokens with the tier (``TieringOffloadingSpec``, vLLM's CUDA worker for
+Checks: identical tokens with the tier (`TieringOffloadingSpec`, vLLM's CUDA worker for
 the CPU pool); a second engine process hits through MemKV; a MemKV restart between lookup
 and load recomputes; the direct spec round-trips from CUDA KV tensors, in and across
 processes.

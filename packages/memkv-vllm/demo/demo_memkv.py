@@ -1,15 +1,15 @@
 """Main job of memkv-vllm: one shared store, two vLLM OpenAI servers sharing it.
 
-Builds a tiny random-weight model, starts the store on 127.0.0.1 (``memkv serve``, or with
-``--backend mooncake`` a Mooncake Store cluster: ``mooncake_master`` and three store
-processes) and two vLLM servers (A and B) whose ``TieringOffloadingSpec`` has a ``memkv``
+Builds a tiny random-weight model, starts the store on 127.0.0.1 (`memkv serve`, or with
+`--backend mooncake` a Mooncake Store cluster: `mooncake_master` and three store
+processes) and two vLLM servers (A and B) whose `TieringOffloadingSpec` has a `memkv`
 secondary tier. Agents with a shared system prompt talk to A first; then the same
 conversations continue on B, which has never seen them: B's prefix hits come from the
 store, put there by A. Prints per-instance hit counts (from each server's /metrics), TTFT,
 and whether B generated exactly A's tokens.
 
 On the CPU build of vLLM, the primary CPU tier needs a torch copy worker (vLLM's own
-refuses the CPU platform); the demo uses the test scaffold ``CPUTestTieringSpec``
+refuses the CPU platform); the demo uses the test scaffold `CPUTestTieringSpec`
 (tests-integration/scaffold/) for
 that, which only replaces the GPU<->CPU-pool copies. The MemKV tier is the shipped code.
 """
@@ -89,7 +89,7 @@ def start_memkv(port: int, log: Path) -> subprocess.Popen[bytes]:
 
 
 class Store:
-    """The shared store of the demo: ``memkv serve`` or a Mooncake Store cluster."""
+    """The shared store of the demo: `memkv serve` or a Mooncake Store cluster."""
 
     def __init__(self, backend: str, work: Path) -> None:
         self.backend = backend

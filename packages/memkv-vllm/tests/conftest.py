@@ -1,5 +1,5 @@
-"""The repository's tools/ on the import path (a real ``memkv serve``, a Mooncake Store
-cluster); the ``memkv`` fixture. The real-engine suites of memkv-vllm live in
+"""The repository's tools/ on the import path (a real `memkv serve`, a Mooncake Store
+cluster); the `memkv` fixture. The real-engine suites of memkv-vllm live in
 tests-integration/ (docs/interfaces.md, *Layout*)."""
 
 from __future__ import annotations

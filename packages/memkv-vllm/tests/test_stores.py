@@ -1,5 +1,5 @@
-"""The store interface over both backends, on real servers: ``memkv serve`` and a Mooncake
-Store cluster (``mooncake_master`` + three store processes), all on 127.0.0.1. No vLLM."""
+"""The store interface over both backends, on real servers: `memkv serve` and a Mooncake
+Store cluster (`mooncake_master` + three store processes), all on 127.0.0.1. No vLLM."""
 
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ for the scheduler to adopt.
 vLLM (0.26 - 0.33) asserts that every transfer succeeded. A store that MemKV refused is
 therefore reported as done (the scheduler never trusts stores: lookups ask MemKV). A load
 that could not fill every block (the value vanished between lookup and load) is reported
-as done only under :class:`~.connector.MemKVOffloadingConnector`, which hands the unfilled
-block ids to vLLM's recompute path in the same step (:mod:`~.load_errors`); under the
-plain ``OffloadingConnector`` it is reported as failed, which vLLM turns into an engine
+as done only under `.connector.MemKVOffloadingConnector`, which hands the unfilled
+block ids to vLLM's recompute path in the same step (`.load_errors`); under the
+plain `OffloadingConnector` it is reported as failed, which vLLM turns into an engine
 error rather than silently using wrong KV.
 """
 
@@ -46,7 +46,7 @@ def _chunks(n: int, size: int) -> Iterable[range]:
 
 
 def choose_scratch_medium(setting: str, device: Any, has_rdma: bool) -> str:
-    """``host`` or ``gpu`` for ``memkv_scratch_medium`` = auto|host|gpu on this rank."""
+    """`host` or `gpu` for `memkv_scratch_medium` = auto|host|gpu on this rank."""
     if device.type != "cuda":
         if setting == "gpu":
             log.warning("memkv-vllm: memkv_scratch_medium=gpu needs a CUDA device; using host")
