@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import xxhash
-
 from kvpool_mmap import HEADER_BYTES, LoadStatus, StoreConfig, TierConfig, TieredStore
 
 READY_TIMEOUT_S = 60.0

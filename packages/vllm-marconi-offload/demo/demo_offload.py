@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))
 
-import tiny_model  # noqa: E402
-from vllm_server import VllmServer, metric_sum  # noqa: E402
+import tiny_model
+from vllm_server import VllmServer, metric_sum
 
 VOCAB = tiny_model.SAFE_VOCAB
 
