@@ -5,7 +5,7 @@ runs interleaved rounds: iperf3 (one stream, best of the default and `-l 1M`), t
 memkv batch put and get of 1 MiB and 16 MiB values. It prints GB/s (10^9 bytes/s), the
 ratio to iperf3 per round and for the best rounds, and the load average. The exit
 status is 0 unless something failed: the ratio is reported, not enforced. Loopback
-speed on shared VMs varies by ±40% between runs. iperf3 also reuses one cache-hot
+speed on shared VMs varies widely between runs, hence the interleaving. iperf3 also reuses one cache-hot
 buffer, while a store must write every value to distinct memory, so under CPU
 contention the ratio drops.
 """

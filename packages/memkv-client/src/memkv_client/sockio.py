@@ -90,9 +90,8 @@ def recv_views_into(
     instead of one syscall per block. EOF raises `TransportError`.
 
     `batch_wakeups` (for large values): raise `SO_RCVLOWAT` so a call returns once
-    about `_LOWAT_MAX` bytes are there instead of as soon as any are; that cut the
-    server's CPU per byte on 16 MiB puts by about a quarter (and the client's on gets
-    by about 15%). The mark is at most half of the bytes still to
+    about `_LOWAT_MAX` bytes are there instead of as soon as any are (fewer wakeups per
+    byte; docs/benchmarks.md has the measurement). The mark is at most half of the bytes still to
     come for these views, so the data that wakes the reader is always on its way: a
     blocking reader that copied part of what it waits for still sees the mark reached
     by the rest. It is reset to 1 before returning.
