@@ -2,8 +2,8 @@
 
 Not collected by pytest (CI has no GPU). Run on a GPU host with vLLM, torch and
 transformers importable and memkv-client / memkv-vllm on PYTHONPATH (their entry point
-registered through a dist-info, see README): `python memkv_gpu_check.py OUTDIR` (`run_memkv_gpu_check.sh` does all of it).
-Writes `OUTDIR/gpu_check.json` and exits non-zero if a check fails.
+registered through a dist-info, see README): `python memkv_gpu_check.py OUTDIR`
+(`run_memkv_gpu_check.sh` does all of it). Writes `OUTDIR/gpu_check.json` and exits non-zero if a check fails.
 
 Checks: identical tokens with the tier (`TieringOffloadingSpec`, vLLM's CUDA worker for
 the CPU pool); a second engine process hits through MemKV; a MemKV restart between lookup
