@@ -27,12 +27,20 @@ import inspect
 import logging
 import os
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from vllm.v1.kv_offload import base as _base  # type: ignore[import-not-found]
 from vllm.v1.kv_offload.tiering import base as _tier_base  # type: ignore[import-not-found]
 from vllm_kv_identity import restart_hash_problem
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadingConnectorStats,
+    )
+    from vllm.v1.kv_offload.file_mapper import FileMapper
+    from vllm.v1.outputs import KVConnectorOutput
 
 __all__ = [
     "JOB_RESULT_FIELDS",
@@ -96,11 +104,11 @@ def vllm_version() -> str:
 
 
 def init_tier_base(
-    tier: Any,
-    offloading_spec: Any,
+    tier: _tier_base.SecondaryTierManager,
+    offloading_spec: _base.OffloadingSpec,
     primary_kv_view: memoryview,
     tier_type: str,
-    backpressure_detector: Any,
+    backpressure_detector: Any,  # `BackpressureDetector`: vLLM >= 0.31 only
 ) -> None:
     """Call `SecondaryTierManager.__init__` with the arguments this release takes."""
     kwargs: dict[str, Any] = {
@@ -113,7 +121,7 @@ def init_tier_base(
     SecondaryTierManager.__init__(tier, **kwargs)
 
 
-def job_slots(job: Any) -> np.ndarray:
+def job_slots(job: Any) -> np.ndarray:  # `Any`: `TransferJob` >= 0.28, `JobMetadata` before
     """Primary-tier rows of a transfer job (`chunk_ids` >= 0.30, `block_ids` before)."""
     slots = getattr(job, "chunk_ids", None)
     if slots is None:
@@ -124,10 +132,10 @@ def job_slots(job: Any) -> np.ndarray:
 def make_job_result(
     job_id: int,
     success: bool,
-    successful_keys: Collection[Any] | None = None,
+    successful_keys: Collection[_base.OffloadKey] | None = None,
     transfer_time: float | None = None,
     transfer_bytes: int | None = None,
-) -> Any:
+) -> _tier_base.JobResult:
     """A `JobResult` with the optional fields this release knows about.
 
     Before 0.28 there is no partial success: a job with any failed key fails whole.
@@ -142,7 +150,9 @@ def make_job_result(
     return JobResult(**kwargs)
 
 
-def make_transfer_result(job_id: int, success: bool, size: int, seconds: float) -> Any:
+def make_transfer_result(
+    job_id: int, success: bool, size: int, seconds: float
+) -> _base.TransferResult:
     """An `OffloadingWorker` `TransferResult`."""
     kwargs: dict[str, Any] = {"job_id": job_id, "success": success}
     if "transfer_size" in _TRANSFER_RESULT_FIELDS:
@@ -151,7 +161,7 @@ def make_transfer_result(job_id: int, success: bool, size: int, seconds: float) 
     return TransferResult(**kwargs)
 
 
-def new_stats() -> Any:
+def new_stats() -> OffloadingConnectorStats:
     """An empty `OffloadingConnectorStats`."""
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (  # type: ignore[import-not-found]
         OffloadingConnectorStats,
@@ -160,7 +170,7 @@ def new_stats() -> Any:
     return OffloadingConnectorStats()
 
 
-def offloading_connector_cls() -> Any:
+def offloading_connector_cls() -> Any:  # `Any`: the connector's base class, chosen at run time
     """vLLM's `OffloadingConnector` class (imported on demand: it pulls in torch)."""
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (  # type: ignore[import-not-found]
         OffloadingConnector,
@@ -169,18 +179,18 @@ def offloading_connector_cls() -> Any:
     return OffloadingConnector
 
 
-def load_failure_policy(vllm_config: Any) -> str:
+def load_failure_policy(vllm_config: VllmConfig) -> str:
     """`kv_transfer_config.kv_load_failure_policy` (`"fail"` where a release lacks it)."""
     transfer = getattr(vllm_config, "kv_transfer_config", None)
     return str(getattr(transfer, "kv_load_failure_policy", None) or "fail")
 
 
-def invalid_block_ids(connector_output: Any) -> set[int]:
+def invalid_block_ids(connector_output: KVConnectorOutput) -> set[int]:
     """The block ids a step's `KVConnectorOutput` reports as not loaded."""
     return set(getattr(connector_output, "invalid_block_ids", None) or ())
 
 
-def make_file_mapper(root_dir: str, spec: Any) -> Any:
+def make_file_mapper(root_dir: str, spec: _base.OffloadingSpec) -> FileMapper:
     """vLLM's `FileMapper` for this spec (one file per chunk, exact topology)."""
     from vllm.v1.kv_offload.file_mapper import FileMapper  # type: ignore[import-not-found]
 

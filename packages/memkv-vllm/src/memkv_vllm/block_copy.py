@@ -16,14 +16,17 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["BlockCopier", "mark"]
 
 DEVICE_BUFFER_BYTES = 32 << 20  # per copier, on the cache's device
 
 
-def mark(device: Any) -> Any:
+def mark(device: torch.device) -> torch.cuda.Event | None:
     """An event after the work queued so far on `device`'s current stream (None on CPU).
 
     Call it in the engine thread when a job is submitted and pass it to `gather`/`scatter`,
@@ -47,8 +50,8 @@ class BlockCopier:
     occupies the first `sum(page bytes)` bytes of its row, tensor by tensor.
     """
 
-    def __init__(self, tensors: Sequence[Any], groups: Sequence[Sequence[tuple[int, int]]],
-                 host: Any, buffer_bytes: int = DEVICE_BUFFER_BYTES) -> None:  # fmt: skip
+    def __init__(self, tensors: Sequence[torch.Tensor], groups: Sequence[Sequence[tuple[int, int]]],
+                 host: torch.Tensor, buffer_bytes: int = DEVICE_BUFFER_BYTES) -> None:  # fmt: skip
         import torch
 
         self._tensors = list(tensors)
@@ -62,7 +65,9 @@ class BlockCopier:
         )
         self._stream = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
 
-    def gather(self, blocks: Sequence[tuple[int, int]], after: Any = None) -> None:
+    def gather(
+        self, blocks: Sequence[tuple[int, int]], after: torch.cuda.Event | None = None
+    ) -> None:
         """Host row `i` := block `blocks[i] = (group, block id)`, for every `i`."""
         entries = [(i, group, block) for i, (group, block) in enumerate(blocks)]
         with self._on_stream(after):
@@ -72,7 +77,9 @@ class BlockCopier:
                 self._host[first : first + n].copy_(self._buffer[:n], non_blocking=True)
                 self._wait()  # the next pass reuses the buffer
 
-    def scatter(self, entries: Sequence[tuple[int, int, int]], after: Any = None) -> None:
+    def scatter(
+        self, entries: Sequence[tuple[int, int, int]], after: torch.cuda.Event | None = None
+    ) -> None:
         """Block `block` of group `group` := host row `row`, for every `(row, group, block)`."""
         with self._on_stream(after):
             for first, part in self._passes(entries):
@@ -81,7 +88,7 @@ class BlockCopier:
                 self._copy(part, to_buffer=False)
                 self._wait()
 
-    def _on_stream(self, after: Any) -> AbstractContextManager[Any]:
+    def _on_stream(self, after: torch.cuda.Event | None) -> AbstractContextManager[Any]:
         if self._stream is None:
             return nullcontext()
         import torch

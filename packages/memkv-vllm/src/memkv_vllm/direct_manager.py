@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import _compat as c
 from ._compat import warn_if_hashes_differ_per_process
@@ -26,6 +26,19 @@ from .store import KVStore, open_store
 from .store_config import StoreConfig
 
 if TYPE_CHECKING:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadingConnectorStats,
+    )
+    from vllm.v1.kv_offload.base import (
+        LookupResult,
+        OffloadingEvent,
+        OffloadKey,
+        PrepareStoreOutput,
+        ReqContext,
+        RequestOffloadingContext,
+        ScheduleEndContext,
+    )
+
     from .spec import MemKVOffloadingSpec
 
 __all__ = ["MemKVDirectManager", "adopt_prefix"]
@@ -95,44 +108,50 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
         log.info("memkv-vllm: direct offload on %s, key prefix %s", self._kv.describe(),
                  self.prefix.hex())  # fmt: skip
 
-    def _names(self, key: bytes) -> list[bytes]:
+    def _names(self, key: OffloadKey) -> list[bytes]:
         return [direct_key(self.prefix, r, key) for r in self._ranks]
 
-    def lookup(self, key: Any, req_context: Any) -> Any:
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         answer = self._lookup.query_all(self._names(key))
         self._metrics.count_lookup(answer)
         return _RESULT[answer]
 
-    def prepare_load(self, keys: Collection[Any], req_context: Any) -> Any:
+    def prepare_load(
+        self, keys: Collection[OffloadKey], req_context: ReqContext
+    ) -> MemKVLoadStoreSpec:
         return MemKVLoadStoreSpec(list(keys))
 
-    def touch(self, keys: Collection[Any], req_context: Any) -> None:
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         return None
 
-    def complete_load(self, keys: Collection[Any], req_context: Any) -> None:
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         return None
 
-    def prepare_store(self, keys: Collection[Any], req_context: Any) -> Any:
+    def prepare_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext
+    ) -> PrepareStoreOutput:
         todo = [k for k in keys if self._lookup.peek_all(self._names(k)) is not Answer.HIT]
         return c.PrepareStoreOutput(
             keys_to_store=todo, store_spec=MemKVLoadStoreSpec(todo), evicted_keys=[]
         )
 
-    def complete_store(self, keys: Collection[Any], req_context: Any, success: bool = True) -> None:
+    def complete_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
+    ) -> None:
         # not trusted as 'present' (see the module docstring), but a cached 'absent' from
         # before the store is stale now: ask MemKV again next time
         self._lookup.invalidate(n for k in keys for n in self._names(k))
 
-    def on_new_request(self, req_context: Any) -> Any:
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return c.RequestOffloadingContext()
 
-    def on_request_finished(self, req_context: Any) -> None:
+    def on_request_finished(self, req_context: ReqContext) -> None:
         return None
 
-    def take_events(self) -> Iterable[Any]:
+    def take_events(self) -> Iterable[OffloadingEvent]:
         return ()
 
-    def on_schedule_end(self, context: Any) -> None:
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self._lookup.flush()
 
     def has_pending_work(self) -> bool:
@@ -142,7 +161,7 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
     def reset_cache(self) -> None:
         self._lookup.forget()
 
-    def get_stats(self) -> Any:
+    def get_stats(self) -> OffloadingConnectorStats | None:
         rounds = self._lookup.rounds
         self._metrics.inc(LOOKUP_ROUNDS, rounds - self._rounds_reported)
         self._rounds_reported = rounds

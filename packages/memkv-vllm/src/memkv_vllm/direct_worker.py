@@ -36,6 +36,11 @@ from .store import open_store
 from .store_config import StoreConfig
 
 if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from vllm.v1.kv_offload.base import CanonicalKVCaches, GPULoadStoreSpec, TransferResult
+
+    from .load_store_spec import MemKVLoadStoreSpec
     from .spec import MemKVOffloadingSpec
 
 __all__ = ["MemKVDirectWorker", "choose_scratch_medium"]
@@ -60,7 +65,7 @@ def _chunks(n: int, size: int) -> Iterable[range]:
         yield range(start, min(n, start + size))
 
 
-def choose_scratch_medium(setting: str, device: Any, has_rdma: bool) -> str:
+def choose_scratch_medium(setting: str, device: torch.device, has_rdma: bool) -> str:
     """`host` or `gpu` for `memkv_scratch_medium` = auto|host|gpu on this rank."""
     if device.type != "cuda":
         if setting == "gpu":
@@ -82,14 +87,14 @@ def choose_scratch_medium(setting: str, device: Any, has_rdma: bool) -> str:
 
 
 class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
-    def __init__(self, spec: MemKVOffloadingSpec, kv_caches: Any) -> None:
+    def __init__(self, spec: MemKVOffloadingSpec, kv_caches: CanonicalKVCaches) -> None:
         import torch
 
         cfg = spec.cfg
         config = spec.config
         self.rank = int(config.parallel.rank)
         self._cfg = cfg
-        self._tensors: list[Any] = []
+        self._tensors: list[torch.Tensor] = []
         for t in kv_caches.tensors:
             tensor = t.tensor if t.tensor.dim() == 2 else t.tensor.reshape(t.tensor.shape[0], -1)
             if tensor.untyped_storage().data_ptr() != t.tensor.untyped_storage().data_ptr():
@@ -155,7 +160,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
 
     # --- data path (transfer threads) ---------------------------------------------------
 
-    def _copier(self) -> tuple[BlockCopier, Any]:
+    def _copier(self) -> tuple[BlockCopier, np.ndarray]:
         """This part thread's copier and its host rows (registered with the store)."""
         mine = getattr(self._local, "copier", None)
         if mine is None:
@@ -169,7 +174,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             mine = self._local.copier = (BlockCopier(self._tensors, self._groups, rows), raw)
         return mine
 
-    def _plan(self, keys: list[bytes], block_ids: Any) -> list[tuple[bytes, int, int]]:
+    def _plan(self, keys: list[bytes], block_ids: np.ndarray) -> list[tuple[bytes, int, int]]:
         ids = [int(b) for b in block_ids]
         if len(ids) != len(keys):
             raise RuntimeError(f"{len(keys)} keys for {len(ids)} GPU blocks")
@@ -179,7 +184,9 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             plan.append((direct_key(self.prefix, self.rank, key), group, block))
         return plan
 
-    def _store(self, keys: list[bytes], block_ids: Any, after: Any) -> JobOutcome:
+    def _store(
+        self, keys: list[bytes], block_ids: np.ndarray, after: torch.cuda.Event | None
+    ) -> JobOutcome:
         plan = self._plan(keys, block_ids)
         parts = [plan[r.start : r.stop] for r in _chunks(len(plan), self._blocks_per_op)]
         done = list(self._parts.map(lambda part: self._store_part(part, after), parts))
@@ -190,7 +197,9 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             log.warning("memkv-vllm: %d of %d blocks were not stored", failed, len(plan))
         return JobOutcome(success=not failed, nbytes=sent)
 
-    def _store_part(self, part: list[tuple[bytes, int, int]], after: Any) -> _PartDone:
+    def _store_part(
+        self, part: list[tuple[bytes, int, int]], after: torch.cuda.Event | None
+    ) -> _PartDone:
         copier, raw = self._copier()
         started = time.perf_counter()
         copier.gather([(group, block) for _, group, block in part], after)
@@ -208,7 +217,9 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         done.network_s = time.perf_counter() - copied
         return done
 
-    def _load(self, keys: list[bytes], block_ids: Any, after: Any) -> JobOutcome:
+    def _load(
+        self, keys: list[bytes], block_ids: np.ndarray, after: torch.cuda.Event | None
+    ) -> JobOutcome:
         plan = self._plan(keys, block_ids)
         parts = [plan[r.start : r.stop] for r in _chunks(len(plan), self._blocks_per_op)]
         done = list(self._parts.map(lambda part: self._load_part(part, after), parts))
@@ -224,7 +235,9 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             )  # fmt: skip
         return JobOutcome(success=not missing, failed_keys=failed_blocks, nbytes=got)
 
-    def _load_part(self, part: list[tuple[bytes, int, int]], after: Any) -> _PartDone:
+    def _load_part(
+        self, part: list[tuple[bytes, int, int]], after: torch.cuda.Event | None
+    ) -> _PartDone:
         copier, raw = self._copier()
         started = time.perf_counter()
         items = [(name, raw[slot], self._value_bytes[group])
@@ -254,18 +267,22 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
 
     # --- vLLM's OffloadingWorker --------------------------------------------------------
 
-    def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+    def submit_store(
+        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: MemKVLoadStoreSpec
+    ) -> bool:
         keys, blocks, after = list(dst_spec.keys), src_spec.block_ids, mark(self._device)
         return self._jobs.submit_store(job_id, 0, lambda: self._store(keys, blocks, after))
 
-    def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, **_: Any) -> bool:
+    def submit_load(  # `expedited=` from vLLM 0.33 lands in `**_`
+        self, job_id: int, src_spec: MemKVLoadStoreSpec, dst_spec: GPULoadStoreSpec, **_: Any
+    ) -> bool:
         keys, blocks, after = list(src_spec.keys), dst_spec.block_ids, mark(self._device)
         if self._load_errors is not None:
             self._load_blocks[job_id] = [int(b) for b in blocks]
         self._jobs.submit_load(job_id, lambda: self._load(keys, blocks, after))
         return True
 
-    def get_finished(self) -> list[Any]:
+    def get_finished(self) -> list[TransferResult]:
         out = []
         for done in self._jobs.finished():
             if "error" in done.extra:

@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .lookup import Answer
+
+if TYPE_CHECKING:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadingConnectorStats,
+    )
+    from vllm.v1.kv_offload.base import OffloadingMetricMetadata
 
 __all__ = ["METRICS", "TierMetrics", "metric_definitions"]
 
@@ -44,11 +50,11 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
-def metric_definitions() -> dict[str, Any]:
+def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
     """`build_metric_definitions` for vLLM (metadata classes from its base module)."""
     from . import _compat as c
 
-    out: dict[str, Any] = {}
+    out: dict[str, OffloadingMetricMetadata] = {}
     for name, (kind, doc, labels) in METRICS.items():
         if kind == "counter":
             out[name] = c.OffloadingCounterMetadata(documentation=doc, labelnames=labels)
@@ -87,7 +93,7 @@ class TierMetrics:
         with self._lock:
             self._samples[(name, labels)].append(value)
 
-    def take(self) -> Any:
+    def take(self) -> OffloadingConnectorStats | None:
         """An `OffloadingConnectorStats` with everything since the last call, or None."""
         with self._lock:
             counters, self._counters = self._counters, defaultdict(float)

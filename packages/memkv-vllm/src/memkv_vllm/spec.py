@@ -17,6 +17,7 @@ from .load_store_spec import MemKVLoadStoreSpec
 from .metrics import metric_definitions
 
 if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingMetricMetadata
     from vllm.v1.kv_offload.config import OffloadingConfig
 
     from .direct_worker import MemKVDirectWorker
@@ -26,7 +27,9 @@ __all__ = ["MemKVLoadStoreSpec", "MemKVOffloadingSpec"]
 
 class MemKVOffloadingSpec(c.OffloadingSpec):  # type: ignore[misc]
     @classmethod
-    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
+    def build_metric_definitions(
+        cls, extra_config: dict[str, Any]
+    ) -> dict[str, OffloadingMetricMetadata]:
         return metric_definitions()
 
     def __init__(self, config: OffloadingConfig) -> None:
@@ -58,7 +61,7 @@ class MemKVOffloadingSpec(c.OffloadingSpec):  # type: ignore[misc]
             self._manager = MemKVDirectManager(self)
         return self._manager
 
-    def get_worker(self, kv_caches: Any) -> MemKVDirectWorker:
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> MemKVDirectWorker:
         if self._worker is None:
             from .direct_worker import MemKVDirectWorker
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .store import Item, ItemOutcome, StoreCounters
 from .store_config import StoreConfig, yaml_settings
+
+if TYPE_CHECKING:
+    from memkv_client import Client
 
 __all__ = ["MemKVStore", "servers_source"]
 
@@ -35,7 +38,7 @@ def servers_source(env: Mapping[str, str] = os.environ) -> str:
     )
 
 
-def _client() -> Any:
+def _client() -> Client:
     """A `memkv_client.Client`; a `MEMKV_CONFIG` that also holds memkv-vllm's store
     keys is read without them (the client rejects keys it does not know)."""
     import memkv_client

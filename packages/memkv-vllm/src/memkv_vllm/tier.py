@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Collection, Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from vllm_kv_identity import weights_fingerprint
@@ -39,6 +39,22 @@ from .naming import TierNamer
 from .store import open_store
 from .store_config import StoreConfig, store_keys
 
+if TYPE_CHECKING:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadingConnectorStats,
+    )
+    from vllm.v1.kv_offload.base import (
+        LookupResult,
+        Medium,
+        OffloadingMetricMetadata,
+        OffloadingSpec,
+        OffloadKey,
+        ReqContext,
+        RequestOffloadingContext,
+        ScheduleEndContext,
+    )
+    from vllm.v1.kv_offload.tiering.base import JobResult
+
 __all__ = ["MemKVTierManager", "memkv"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
@@ -57,19 +73,21 @@ def _chunks(items: list[int], size: int) -> Iterable[list[int]]:
 class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
     """A `secondary_tiers` entry `{"type": "memkv", ...}`; keys in `TierConfig`."""
 
-    medium: ClassVar[Any] = c.MEDIUM_CPU
-    cache_hit_source: ClassVar[Any] = c.HIT_SOURCE_REMOTE
+    medium: ClassVar[Medium | None] = c.MEDIUM_CPU
+    cache_hit_source: ClassVar[Any] = c.HIT_SOURCE_REMOTE  # `CacheHitSource`: vLLM >= 0.32 only
 
     @classmethod
-    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
+    def build_metric_definitions(
+        cls, extra_config: dict[str, Any]
+    ) -> dict[str, OffloadingMetricMetadata]:
         return metric_definitions()
 
     def __init__(
         self,
-        offloading_spec: Any,
+        offloading_spec: OffloadingSpec,
         primary_kv_view: memoryview,
         tier_type: str,
-        backpressure_detector: Any = None,
+        backpressure_detector: Any = None,  # `BackpressureDetector`: vLLM >= 0.31
         **tier_config: Any,
     ) -> None:
         c.init_tier_base(self, offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -107,7 +125,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
             self._row_bytes, self._namer.run_folder, self._kv.describe(), c.vllm_version(),
         )  # fmt: skip
 
-    def _write_config_record(self, spec: Any) -> None:
+    def _write_config_record(self, spec: OffloadingSpec) -> None:
         record = {
             "fields": c.make_file_mapper(self.cfg.prefix, spec).get_run_config(),
             "weights_fingerprint": self.fingerprint,
@@ -121,16 +139,17 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
 
     # --- lookups ------------------------------------------------------------------------
 
-    def lookup(self, key: Any, req_context: Any) -> Any:
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         answer = self._lookup.query(self._namer.name(key))
         self._metrics.count_lookup(answer)
         return _RESULT[answer]
 
-    def on_schedule_end(self, context: Any) -> None:
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self._lookup.flush()
 
     # --- transfers ----------------------------------------------------------------------
 
+    # job_metadata: `TransferJob` from vLLM 0.28, `JobMetadata` before (see `_compat`)
     def submit_store(self, job_metadata: Any) -> None:
         keys = list(job_metadata.keys)
         slots = c.job_slots(job_metadata)
@@ -142,7 +161,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
         ):
             self._metrics.inc(STORE_SHEDS)
 
-    def _store(self, keys: list[Any], names: list[bytes], slots: np.ndarray) -> JobOutcome:
+    def _store(self, keys: list[OffloadKey], names: list[bytes], slots: np.ndarray) -> JobOutcome:
         # values are content-addressed: skip what another instance already stored
         present = self._kv.exists(names)
         ok = {i for i, p in enumerate(present) if p}
@@ -161,13 +180,13 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
             success=len(ok) == len(keys), ok_keys=[keys[i] for i in sorted(ok)], nbytes=sent
         )
 
-    def submit_load(self, job_metadata: Any) -> None:
+    def submit_load(self, job_metadata: Any) -> None:  # `Any`: as `submit_store`
         keys = list(job_metadata.keys)
         slots = c.job_slots(job_metadata)
         names = [self._namer.name(k) for k in keys]
         self._jobs.submit_load(job_metadata.job_id, lambda: self._load(keys, names, slots))
 
-    def _load(self, keys: list[Any], names: list[bytes], slots: np.ndarray) -> JobOutcome:
+    def _load(self, keys: list[OffloadKey], names: list[bytes], slots: np.ndarray) -> JobOutcome:
         ok: list[int] = []
         failed: list[int] = []
         for part in _chunks(list(range(len(keys))), self.cfg.blocks_per_op):
@@ -192,7 +211,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
             nbytes=nbytes,
         )
 
-    def get_finished_jobs(self) -> Iterable[Any]:
+    def get_finished_jobs(self) -> Iterable[JobResult]:
         results = []
         for done in self._jobs.finished():
             op = "load" if done.is_load else "store"
@@ -225,15 +244,15 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
 
     # --- per-request hooks (nothing to keep per request) --------------------------------
 
-    def on_new_request(self, req_context: Any) -> Any:
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return c.RequestOffloadingContext()
 
-    def touch(self, keys: Collection[Any], req_context: Any) -> None:
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         return None
 
     # --- stats and lifetime -------------------------------------------------------------
 
-    def get_stats(self) -> Any:
+    def get_stats(self) -> OffloadingConnectorStats | None:
         rounds = self._lookup.rounds
         self._metrics.inc(LOOKUP_ROUNDS, rounds - self._rounds_reported)
         self._rounds_reported = rounds
