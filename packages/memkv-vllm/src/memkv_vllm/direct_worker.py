@@ -267,13 +267,18 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
 
     # --- vLLM's OffloadingWorker --------------------------------------------------------
 
+    # the MemKV side of a transfer is always the `MemKVLoadStoreSpec` our manager built,
+    # narrower than vLLM's `LoadStoreSpec`; vLLM 0.33 adds `submit_load(..., expedited=)`
     def submit_store(
-        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: MemKVLoadStoreSpec
+        self,
+        job_id: int,
+        src_spec: GPULoadStoreSpec,
+        dst_spec: MemKVLoadStoreSpec,  # type: ignore[override]
     ) -> bool:
         keys, blocks, after = list(dst_spec.keys), src_spec.block_ids, mark(self._device)
         return self._jobs.submit_store(job_id, 0, lambda: self._store(keys, blocks, after))
 
-    def submit_load(  # `expedited=` from vLLM 0.33 lands in `**_`
+    def submit_load(  # type: ignore[override]
         self, job_id: int, src_spec: MemKVLoadStoreSpec, dst_spec: GPULoadStoreSpec, **_: Any
     ) -> bool:
         keys, blocks, after = list(src_spec.keys), dst_spec.block_ids, mark(self._device)

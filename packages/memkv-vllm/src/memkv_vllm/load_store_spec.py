@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from . import _compat as c
 
 __all__ = ["MemKVLoadStoreSpec"]
@@ -10,7 +12,7 @@ __all__ = ["MemKVLoadStoreSpec"]
 class MemKVLoadStoreSpec(c.LoadStoreSpec):  # type: ignore[misc]
     """The OffloadKeys of a transfer, in the order of the GPU blocks they pair with."""
 
-    def __init__(self, keys: list[bytes]) -> None:
+    def __init__(self, keys: Sequence[bytes]) -> None:
         self.keys = keys
 
     def __repr__(self) -> str:

@@ -14,7 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import OffloadKey
 
 __all__ = [
     "DIRECT_MAGIC",
@@ -36,7 +39,7 @@ PREFIX_BYTES = len(DIRECT_MAGIC) + 12
 class FileMapperLike(Protocol):
     base_path: str
 
-    def get_file_name(self, key: bytes) -> str: ...
+    def get_file_name(self, key: OffloadKey) -> str: ...
 
 
 def _short(name: str) -> bytes:
@@ -54,7 +57,7 @@ class TierNamer:
         self._base = mapper.base_path
         self.run_folder = f"{self._base}_w{fingerprint}"
 
-    def name(self, key: bytes) -> bytes:
+    def name(self, key: OffloadKey) -> bytes:
         path = self._mapper.get_file_name(key)
         assert path.startswith(self._base), (path, self._base)
         return _short(self.run_folder + path[len(self._base) :])
