@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kv_eviction import AutoPolicy, make_policy, simulate
-from kv_eviction.auto import DEFAULT_CANDIDATES, RESCORE_STEP, Candidate, _Shadow
+from kv_eviction._shadow import Shadow
+from kv_eviction.auto import DEFAULT_CANDIDATES, RESCORE_STEP, Candidate
 from kv_eviction.candidate import CandidatePolicy
 from kv_eviction.synthetic import GENERATORS, rag, sessions
 from reference import SWITCH_EVERY_EPOCH, ReferencePolicy, random_workload
@@ -145,26 +146,26 @@ def test_an_incremental_switch_ends_in_the_new_rules_exact_order() -> None:
 def test_shadow_work_per_access_is_bounded_at_every_size(
     size: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls = 0
-    real_access = _Shadow.access
+    replayed = 0
+    real_replay = Shadow.replay
 
-    def counted(shadow: _Shadow, key: object, depth: int, clock: int) -> bool:
-        nonlocal calls
-        calls += 1
-        return real_access(shadow, key, depth, clock)
+    def counted(shadow: Shadow, batch: list[tuple[object, int, int]]) -> int:
+        nonlocal replayed
+        replayed += len(batch)
+        return real_replay(shadow, batch)
 
-    monkeypatch.setattr(_Shadow, "access", counted)
+    monkeypatch.setattr(Shadow, "replay", counted)
     policy = AutoPolicy()
     for key in range(size):
         policy.insert(key)
     policy.pop_victims(1)  # full: the shadows start
-    calls = 0
+    replayed = 0
     for key in range(size, size + 20_000):
         policy.insert(key)
         policy.pop_victims(1)
     # one in 2**shift keys is sampled and visits every shadow once: on average at most
-    # `sample_budget` shadow accesses per access (1.0 by default), whatever the size
-    assert calls <= 1.2 * policy.sample_budget * 20_000
+    # `sample_budget` shadow accesses per access, whatever the size
+    assert replayed <= 1.2 * policy.sample_budget * 20_000
     assert policy.sample_rate * len(policy.candidates) <= policy.sample_budget
 
 
@@ -181,7 +182,7 @@ def test_a_shadow_hits_exactly_where_the_full_policy_does(
     full = CandidatePolicy(rule, capacity=capacity)
     if rule.doorkeeper:
         full.set_ghost(capacity)
-    shadow = _Shadow(rule)
+    shadow = Shadow(rule)
     shadow.resize(capacity, capacity)
     for key in accesses:
         hit = key in full
@@ -191,4 +192,4 @@ def test_a_shadow_hits_exactly_where_the_full_policy_does(
             full.insert(key)
             if len(full) > capacity:
                 full.pop_victims(1)
-        assert shadow.access(key, 0, full.clock) == hit
+        assert shadow.replay([(key, 0, full.clock)]) == hit

@@ -48,26 +48,26 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
-from ._ghost import Ghost
+from ._shadow import Access, Shadow
 from .candidate import (
     DOORKEEPER_LFU,
     DOORKEEPER_LRU,
-    GHOST_TURNOVERS,
     LRU,
     PROBATION_LRU,
     SEQ_MASK,
     Candidate,
     CandidatePolicy,
 )
-from .chainheap import SLOT_BITS, SLOT_MASK
+from .chainheap import SLOT_BITS, SLOT_MASK, ChainHeapPolicy
 from .policy import register_policy, reject_unknown_options
 
 __all__ = ["DEFAULT_CANDIDATES", "AutoPolicy", "Candidate", "CandidatePolicy"]
 
+BATCH = 64
+"""Sampled accesses queued before the shadows replay them (one call per shadow per batch)."""
 RESCORE_STEP = 2
 """Keys re-scored per operation after a rule switch: a pass over C keys ends within C / 2
 operations, before the next epoch can switch again."""
@@ -88,145 +88,6 @@ DEFAULT_CANDIDATES: tuple[Candidate, ...] = (
 )
 """Seven rules: every shadow costs a share of the sampling budget, so near-duplicates of
 these (decays 0.25, log reuse, Marconi with decay 4) were dropped."""
-
-
-class _Shadow:
-    """A miniature simulation of one candidate on the sampled keys.
-
-    Per key: [sequence number of its live heap item, uses, depth, first time, clock at
-    last use]. Heap items are (rule key, sequence number, key), stale once the key's
-    sequence number moved on. A doorkeeper's first-time keys wait in `fresh` instead
-    (FIFO), evicted first, or once older than the probation window.
-    """
-
-    __slots__ = (
-        "candidate",
-        "capacity",
-        "discord",
-        "entries",
-        "fresh",
-        "ghost",
-        "heap",
-        "hits",
-        "lead",
-        "limit",
-        "losses",
-        "recency",
-        "score",
-        "seq",
-        "window",
-        "wins",
-    )
-
-    def __init__(self, candidate: Candidate) -> None:
-        self.candidate = candidate
-        self.recency = candidate.reuse == "recency"
-        self.entries: dict[Hashable, list[Any]] = {}
-        self.heap: list[tuple[float, int, Hashable]] = []
-        self.fresh: deque[tuple[int, int, Hashable]] = deque()
-        self.ghost: Ghost | None = None
-        self.limit = 1 << 62
-        """Keys held; unbounded until the main cache's capacity is known."""
-        self.capacity = 0
-        """The full-size cache's capacity C (the decay's unit)."""
-        self.window = 0
-        self.seq = 0
-        self.hits = self.wins = self.losses = 0
-        self.score = self.lead = self.discord = 0.0
-
-    def resize(
-        self, limit: int, capacity: int, sampled: Callable[[Hashable], bool] | None = None
-    ) -> None:
-        """Hold `limit` keys for a cache of `capacity`, keeping only `sampled` keys."""
-        self.limit = limit
-        self.capacity = capacity
-        candidate = self.candidate
-        self.window = int(candidate.probation * capacity)
-        if candidate.doorkeeper and capacity:
-            window = max(1, GHOST_TURNOVERS * limit)
-            if self.ghost is None or self.ghost.window != window:
-                self.ghost = Ghost(window)
-        if sampled is not None:
-            self.entries = {k: e for k, e in self.entries.items() if sampled(k)}
-            self.fresh = deque(f for f in self.fresh if f[2] in self.entries)
-            self._rebuild()
-        # keys already in the heap keep the decay of the old capacity until touched, as
-        # in the main cache's incremental re-keying: no O(n) work per resize
-        while len(self.entries) > limit:
-            self._evict(0)
-
-    def _rebuild(self) -> None:
-        """Re-key the heap (after a capacity change) and drop its stale items."""
-        self.heap = [
-            (self._rule_key(e[1], e[2], e[4]), e[0], k) for k, e in self.entries.items() if not e[3]
-        ]
-        heapq.heapify(self.heap)
-
-    def _rule_key(self, uses: int, depth: int, last_use: int) -> float:
-        if self.recency:
-            return 0.0  # order by sequence number alone
-        return self.candidate.log_key(uses, depth, last_use, self.capacity)
-
-    def access(self, key: Hashable, depth: int, clock: int) -> bool:
-        """One access at main-cache clock `clock`; whether it hit."""
-        self.seq += 1
-        seq = self.seq
-        entries = self.entries
-        entry = entries.get(key)
-        if entry is not None:
-            uses = entry[1] + 1
-            entry[0] = seq
-            entry[1] = uses
-            entry[3] = False
-            entry[4] = clock
-            rule_key = 0.0 if self.recency else self._rule_key(uses, entry[2], clock)
-            heapq.heappush(self.heap, (rule_key, seq, key))
-            if len(self.heap) > 2 * len(entries) + 64:
-                self._rebuild()
-            return True
-        ghost = self.ghost
-        first = ghost is not None and key not in ghost
-        entries[key] = [seq, 1, depth, first, clock]
-        if first:
-            self.fresh.append((seq, clock, key))
-        else:
-            rule_key = 0.0 if self.recency else self._rule_key(1, depth, clock)
-            heapq.heappush(self.heap, (rule_key, seq, key))
-        if len(entries) > self.limit:
-            self._evict(clock)
-        return False
-
-    def _evict(self, clock: int) -> None:
-        entries = self.entries
-        fresh = self.fresh
-        heap = self.heap
-        while True:
-            while fresh:
-                seq, _, key = fresh[0]
-                entry = entries.get(key)
-                if entry is not None and entry[3] and entry[0] == seq:
-                    break
-                fresh.popleft()  # hit since, or evicted
-            if fresh and (not heap or fresh[0][1] + self.window <= clock):
-                key = fresh.popleft()[2]
-            elif heap:
-                _, seq, key = heapq.heappop(heap)
-                entry = entries.get(key)
-                if entry is None or entry[0] != seq or entry[3]:
-                    continue  # stale
-            else:
-                return
-            del entries[key]
-            if self.ghost is not None:
-                self.ghost.add(key)
-            return
-
-    def end_epoch(self, keep: float) -> None:
-        """Fold this epoch's counts into the averages (weight `keep` on the past)."""
-        self.score = keep * self.score + (1.0 - keep) * self.hits
-        self.lead = keep * self.lead + (1.0 - keep) * (self.wins - self.losses)
-        self.discord = keep * self.discord + (1.0 - keep) * (self.wins + self.losses)
-        self.hits = self.wins = self.losses = 0
 
 
 class AutoPolicy(CandidatePolicy):
@@ -261,10 +122,13 @@ class AutoPolicy(CandidatePolicy):
         self.min_shadow_keys = min_shadow_keys
         self._leader = 0
         self._lead_epochs = 0
-        self._shadows = [_Shadow(c) for c in self.candidates]
+        self._shadows = [Shadow(c) for c in self.candidates]
+        self._pending: list[Access] = []
         self._current = 0
         self._budget_shift = max(0, math.ceil(math.log2(len(self.candidates) / sample_budget)))
         self._shift = self._budget_shift  # sampling rate R = 2**-shift
+        self._threshold = 1 << (64 - self._shift)
+        """A key is sampled when its 64-bit multiplicative hash is below this."""
         self._accesses = 0
         self._epoch_length = min_epoch
         self._switches = 0
@@ -273,36 +137,46 @@ class AutoPolicy(CandidatePolicy):
         """Epochs averaged into the leads since they were last reset (at a switch)."""
         self._rescore_next = 0
         self._rescore_end = 0
+        self._due = self._epoch_length
+        """`_accesses` at which `_due_work` runs next: the epoch's end, or at once while a
+        re-scoring pass is pending."""
 
     # --- what the owner calls --------------------------------------------------------
 
     def insert(self, key: Hashable, parent: Hashable | None = None, depth: int = 0) -> None:
-        super().insert(key, parent, depth)
+        ChainHeapPolicy.insert(self, key, parent, depth)  # CandidatePolicy adds nothing
         self._accesses += 1
-        if not ((hash(key) * _HASH_MULT) & _MASK64) >> (64 - self._shift):
-            self._sample(key, depth)
-        if self._accesses >= self._epoch_length:
-            self._epoch_done()
-        if self._rescore_next < self._rescore_end:
-            self._rescore_step()
+        if (hash(key) * _HASH_MULT) & _MASK64 < self._threshold:
+            self._pending.append((key, depth, self.clock))
+            if len(self._pending) >= BATCH:
+                self._replay()
+        if self._accesses >= self._due:
+            self._due_work()
 
     def touch(self, key: Hashable) -> None:
-        super().touch(key)
+        ChainHeapPolicy.touch(self, key)
         self._accesses += 1
-        if not ((hash(key) * _HASH_MULT) & _MASK64) >> (64 - self._shift):
-            self._sample(key, self._depth[self._index[key] & SLOT_MASK])
-        if self._accesses >= self._epoch_length:
-            self._epoch_done()
-        if self._rescore_next < self._rescore_end:
-            self._rescore_step()
+        if (hash(key) * _HASH_MULT) & _MASK64 < self._threshold:
+            self._pending.append((key, self._depth[self._index[key] & SLOT_MASK], self.clock))
+            if len(self._pending) >= BATCH:
+                self._replay()
+        if self._accesses >= self._due:
+            self._due_work()
 
     def pop_victims(self, n: int) -> list[Hashable]:
-        size = len(self)
+        size = len(self._index)
         if size > self.capacity * 1.25 or size < self.capacity * 0.8:
             self._resize(size)
         if self._rescore_next < self._rescore_end:
             self._rescore_step()
         return super().pop_victims(n)
+
+    def _due_work(self) -> None:
+        if self._rescore_next < self._rescore_end:
+            self._rescore_step()
+        if self._accesses >= self._epoch_length:
+            self._epoch_done()
+        self._due = 0 if self._rescore_next < self._rescore_end else self._epoch_length
 
     def start_rescore(self, candidate: Candidate, capacity: int) -> None:
         """Switch rule and/or capacity; existing keys are re-keyed a few per operation.
@@ -311,10 +185,10 @@ class AutoPolicy(CandidatePolicy):
         re-scored `RESCORE_STEP` per operation (insert, touch or pop), so a switch never
         stalls the owner. Until the pass ends, victims mix both rules' orders.
         """
-        self.candidate = candidate
-        self.capacity = capacity
+        self._set_rule(candidate, capacity)
         self._rescore_next = 0
         self._rescore_end = len(self._keys)
+        self._due = 0
 
     def finish_rescore(self) -> int:
         """Run a pending re-scoring pass (`start_rescore`) to its end now; its step count."""
@@ -377,21 +251,23 @@ class AutoPolicy(CandidatePolicy):
 
     # --- tuning ----------------------------------------------------------------------
 
-    def _sample(self, key: Hashable, depth: int) -> None:
-        """A sampled access: every shadow sees it; wins and losses against the current."""
-        clock = self.clock
+    def _replay(self) -> None:
+        """Every shadow replays the queued sampled accesses; wins and losses against the
+        current rule's shadow, access by access (bit i of a hit mask is access i)."""
+        batch = self._pending
+        if not batch:
+            return
+        self._pending = []
         shadows = self._shadows
-        hits = [shadow.access(key, depth, clock) for shadow in shadows]
-        current = hits[self._current]
-        for shadow, hit in zip(shadows, hits, strict=True):
-            if hit != current:
-                if hit:
-                    shadow.wins += 1
-                else:
-                    shadow.losses += 1
-            shadow.hits += hit
+        masks = [shadow.replay(batch) for shadow in shadows]
+        current = masks[self._current]
+        for shadow, hits in zip(shadows, masks, strict=True):
+            shadow.hits += hits.bit_count()
+            shadow.wins += (hits & ~current).bit_count()
+            shadow.losses += (current & ~hits).bit_count()
 
     def _epoch_done(self) -> None:
+        self._replay()
         if self.capacity:
             self._end_epoch()
         else:  # still filling: keep the sample within `sample_entries` keys
@@ -399,7 +275,7 @@ class AutoPolicy(CandidatePolicy):
             self._set_shift(len(self))
 
     def _sampled(self, key: Hashable) -> bool:
-        return not ((hash(key) * _HASH_MULT) & _MASK64) >> (64 - self._shift)
+        return (hash(key) * _HASH_MULT) & _MASK64 < self._threshold
 
     def _set_shift(self, size: int) -> None:
         """The sampling rate for `size` keys; shadows drop the keys that left the sample."""
@@ -407,7 +283,9 @@ class AutoPolicy(CandidatePolicy):
         while (size >> shift) > self.sample_entries:
             shift += 1
         raised = shift > self._shift
+        self._replay()  # queued accesses were sampled at the old rate
         self._shift = shift  # a higher rate refills as new keys arrive
+        self._threshold = 1 << (64 - shift)
         if raised:
             for shadow in self._shadows:
                 shadow.resize(shadow.limit, shadow.capacity, self._sampled)
@@ -418,7 +296,7 @@ class AutoPolicy(CandidatePolicy):
         if self.current.reuse == "recency" or self.capacity:
             # LRU keys do not depend on the capacity; after the first reading, keys keep
             # the decay of the old capacity until touched (at most 25% off), no O(n) pass
-            self.capacity = capacity
+            self._set_rule(self.candidate, capacity)
         else:
             self.start_rescore(self.current, capacity)
         if self.ghost is not None:
@@ -426,6 +304,7 @@ class AutoPolicy(CandidatePolicy):
         limit = max(1, capacity >> self._shift)
         for shadow in self._shadows:
             shadow.resize(limit, capacity)
+        self._due = 0 if self._rescore_next < self._rescore_end else self._epoch_length
 
     def _leads(self, index: int) -> bool:
         """Whether candidate `index` beats the current rule beyond noise and margin."""
