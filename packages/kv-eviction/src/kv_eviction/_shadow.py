@@ -16,7 +16,7 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 
-from ._ghost import Ghost
+from ._ghost import Ghost, probe
 from .candidate import GHOST_TURNOVERS, Candidate
 
 __all__ = ["Access", "Shadow"]
@@ -114,6 +114,7 @@ class Shadow:
         order = self.order
         fresh = self.fresh
         ghost = self.ghost
+        generations, size = (ghost.generations, ghost.size) if ghost else ([], 0)
         limit = self.limit
         hits = 0
         for i, (key, depth, clock) in enumerate(batch):
@@ -125,7 +126,7 @@ class Shadow:
                 order[key] = None
                 hits |= 1 << i
             else:
-                if ghost is not None and key not in ghost:
+                if ghost is not None and not probe(generations, size, key):
                     fresh[key] = (clock, depth)
                 else:
                     order[key] = None
@@ -138,6 +139,7 @@ class Shadow:
         fresh = self.fresh
         heap = self.heap
         ghost = self.ghost
+        generations, size = (ghost.generations, ghost.size) if ghost else ([], 0)
         limit = self.limit
         rule_key = self.candidate.key_function(self.capacity)
         push = heapq.heappush
@@ -157,7 +159,7 @@ class Shadow:
                 push(heap, (rule_key(uses, entry[2], clock), seq, key))
                 hits |= 1 << i
                 continue
-            if ghost is not None and key not in ghost:
+            if ghost is not None and not probe(generations, size, key):
                 fresh[key] = (clock, depth)
             else:
                 entries[key] = [seq, 1, depth, clock]

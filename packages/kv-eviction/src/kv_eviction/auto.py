@@ -76,12 +76,11 @@ EPOCH_TURNOVERS = 0.25
 times per turnover, on leads averaged over about five epochs."""
 _HASH_MULT = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
+_HASH_SPACE = 1 << 64
 
 DEFAULT_CANDIDATES: tuple[Candidate, ...] = (
     LRU,
     Candidate("lfu-decay-1", reuse="linear", decay_per_turnover=1.0),
-    Candidate("lfu-decay-4", reuse="linear", decay_per_turnover=4.0),
-    Candidate("marconi-decay-1", reuse="linear", depth_weight=1.0, decay_per_turnover=1.0),
     DOORKEEPER_LRU,
     DOORKEEPER_LFU,
     PROBATION_LRU,
@@ -103,9 +102,9 @@ class AutoPolicy(CandidatePolicy):
         sample_budget: float = 0.5,
         min_epoch: int = 4096,
         switch_margin: float = 0.02,
-        switch_sigmas: float = 2.0,
-        confirm_epochs: int = 3,
-        smoothing: float = 0.8,
+        switch_sigmas: float = 3.0,
+        confirm_epochs: int = 1,
+        smoothing: float = 0.9,
         min_shadow_keys: int = 32,
     ) -> None:
         if not candidates:
@@ -125,9 +124,9 @@ class AutoPolicy(CandidatePolicy):
         self._shadows = [Shadow(c) for c in self.candidates]
         self._pending: list[Access] = []
         self._current = 0
-        self._budget_shift = max(0, math.ceil(math.log2(len(self.candidates) / sample_budget)))
-        self._shift = self._budget_shift  # sampling rate R = 2**-shift
-        self._threshold = 1 << (64 - self._shift)
+        self._budget_rate = min(1.0, sample_budget / len(self.candidates))
+        self._rate = self._budget_rate  # the sampling rate R
+        self._threshold = int(self._rate * _HASH_SPACE)
         """A key is sampled when its 64-bit multiplicative hash is below this."""
         self._accesses = 0
         self._epoch_length = min_epoch
@@ -243,7 +242,7 @@ class AutoPolicy(CandidatePolicy):
     @property
     def sample_rate(self) -> float:
         """The shadows' share of the key space, R."""
-        return 2.0**-self._shift
+        return self._rate
 
     def shadow_scores(self) -> dict[str, float]:
         """Averaged shadow hits per candidate."""
@@ -272,26 +271,24 @@ class AutoPolicy(CandidatePolicy):
             self._end_epoch()
         else:  # still filling: keep the sample within `sample_entries` keys
             self._accesses = 0
-            self._set_shift(len(self))
+            self._set_rate(len(self))
 
     def _sampled(self, key: Hashable) -> bool:
         return (hash(key) * _HASH_MULT) & _MASK64 < self._threshold
 
-    def _set_shift(self, size: int) -> None:
+    def _set_rate(self, size: int) -> None:
         """The sampling rate for `size` keys; shadows drop the keys that left the sample."""
-        shift = self._budget_shift
-        while (size >> shift) > self.sample_entries:
-            shift += 1
-        raised = shift > self._shift
+        rate = min(self._budget_rate, self.sample_entries / max(size, 1))
+        lowered = rate < self._rate
         self._replay()  # queued accesses were sampled at the old rate
-        self._shift = shift  # a higher rate refills as new keys arrive
-        self._threshold = 1 << (64 - shift)
-        if raised:
+        self._rate = rate  # a higher rate refills as new keys arrive
+        self._threshold = int(rate * _HASH_SPACE)
+        if lowered:  # the keys below the new threshold are a subset of the old sample
             for shadow in self._shadows:
                 shadow.resize(shadow.limit, shadow.capacity, self._sampled)
 
     def _resize(self, capacity: int) -> None:
-        self._set_shift(capacity)
+        self._set_rate(capacity)
         self._epoch_length = max(int(capacity * EPOCH_TURNOVERS), self.min_epoch)
         if self.current.reuse == "recency" or self.capacity:
             # LRU keys do not depend on the capacity; after the first reading, keys keep
@@ -301,7 +298,7 @@ class AutoPolicy(CandidatePolicy):
             self.start_rescore(self.current, capacity)
         if self.ghost is not None:
             self.set_ghost(capacity)
-        limit = max(1, capacity >> self._shift)
+        limit = max(1, int(capacity * self._rate))
         for shadow in self._shadows:
             shadow.resize(limit, capacity)
         self._due = 0 if self._rescore_next < self._rescore_end else self._epoch_length
