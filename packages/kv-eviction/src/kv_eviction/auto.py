@@ -164,11 +164,14 @@ class AutoPolicy(CandidatePolicy):
 
     def pop_victims(self, n: int) -> list[Hashable]:
         size = len(self._index)
-        if size > self.capacity * 1.25 or size < self.capacity * 0.8:
+        if size > self._resize_above or size < self._resize_below:
             self._resize(size)
         if self._rescore_next < self._rescore_end:
             self._rescore_step()
-        return super().pop_victims(n)
+        victims = ChainHeapPolicy.pop_victims(self, n)  # one call layer fewer than super()
+        if self.ghost is not None:
+            self._remember(victims)
+        return victims
 
     def _due_work(self) -> None:
         if self._rescore_next < self._rescore_end:

@@ -7,7 +7,8 @@ the policy is filled with N keys and one victim is popped (so `auto` knows the c
 full and runs its shadow caches), then `--ops` operations of each kind are timed on
 top: `insert` (new chains; at most N/2 of them, as for `evict`), `touch` (hits walking whole random chains root to leaf, as
 a prefix lookup does) and `evict` (`pop_victims(1)`, leaf-first; where N/2 is below
-20,000, evictions of N/2 keys alternate with untimed refills until 20,000 are timed). Time is the process's
+20,000, timed chunks of N/20 evictions alternate with untimed refills of as many keys,
+so the size stays put, until 20,000 evictions are timed). Time is the process's
 CPU time (so time spent descheduled by other load does not count); each phase runs in 10
 chunks and the median chunk is kept, which discounts bursts of other load on a shared
 machine (and a one-off `auto` rule switch, whose cost is reported separately); the
@@ -141,15 +142,18 @@ def measure_ops(name: str, size: int, ops: int, chain: int, seed: int) -> dict[s
         for _ in range(stop - start):
             pop(1)
 
-    # at least EVICT_MIN evictions are timed (N/2 at a time, refilled untimed between),
-    # so that at small N a chunk is not a few dozen evictions
-    costs = [_timed_chunks(do_evict, grow)]
-    refill = size + grow
-    while len(costs) * grow < min(ops, EVICT_MIN):
-        _fill(policy, list(range(refill, refill + grow)), chain, start=refill)
-        refill += grow
-        costs.append(_timed_chunks(do_evict, grow))
-    result["evict"] = statistics.median(costs)
+    if grow >= min(ops, EVICT_MIN):
+        result["evict"] = _timed_chunks(do_evict, grow)
+    else:  # small N: timed chunks of evictions alternate with untimed refills of the
+        # same count, so the size stays put, until EVICT_MIN evictions are timed
+        step = max(1, grow // CHUNKS)
+        refill = size + grow
+        costs: list[float] = []
+        while len(costs) * step < min(ops, EVICT_MIN):
+            costs.append(_timed_chunks(do_evict, step, chunks=1))
+            _fill(policy, list(range(refill, refill + step)), chain, start=refill)
+            refill += step
+        result["evict"] = statistics.median(costs)
     if isinstance(policy, AutoPolicy):
         switch_to = policy.candidates[-1]
 

@@ -130,6 +130,9 @@ class CandidatePolicy(ChainHeapPolicy):
         self._recency = candidate.reuse == "recency"
         self._doorkeeper = candidate.doorkeeper
         self._log_key = candidate.key_function(capacity)
+        # the owner's capacity is re-read when the tracked keys leave this band (25%)
+        self._resize_above = capacity * 1.25
+        self._resize_below = capacity * 0.8
 
     def _grow(self) -> None:
         self._uses.append(0)
@@ -155,12 +158,16 @@ class CandidatePolicy(ChainHeapPolicy):
         return bool(side) and self._last[side[0] & SLOT_MASK] + window <= self.clock
 
     def pop_victims(self, n: int) -> list[Hashable]:
-        victims = super().pop_victims(n)
-        ghost = self.ghost
-        if ghost is not None:
-            for key in victims:
-                ghost.add(key)
+        victims = ChainHeapPolicy.pop_victims(self, n)
+        if self.ghost is not None:
+            self._remember(victims)
         return victims
+
+    def _remember(self, victims: list[Hashable]) -> None:
+        """Add evicted keys to the doorkeeper's ghost (the caller checked it exists)."""
+        add = self.ghost.add  # type: ignore[union-attr]
+        for key in victims:
+            add(key)
 
     def remove(self, key: Hashable) -> None:
         super().remove(key)
@@ -241,8 +248,8 @@ class RulePolicy(CandidatePolicy):
         self.name = candidate.name
 
     def pop_victims(self, n: int) -> list[Hashable]:
-        size = len(self)
-        if size > self.capacity * 1.25 or size < self.capacity * 0.8:
+        size = len(self._index)
+        if size > self._resize_above or size < self._resize_below:
             if self.candidate.reuse == "recency" or self.capacity:
                 # LRU keys do not depend on the capacity; after the first reading, keys
                 # keep the old capacity's decay until touched (at most 25% off)
