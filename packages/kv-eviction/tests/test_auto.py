@@ -169,27 +169,62 @@ def test_shadow_work_per_access_is_bounded_at_every_size(
     assert policy.sample_rate * len(policy.candidates) <= policy.sample_budget
 
 
+RULES = (
+    *DEFAULT_CANDIDATES,
+    Candidate("marconi-decay-1", reuse="linear", depth_weight=1.0, decay_per_turnover=1.0),
+    Candidate("log-decay-4", reuse="log", decay_per_turnover=4.0),
+)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
-    accesses=st.lists(st.integers(0, 60), min_size=1, max_size=600),
-    rule=st.sampled_from(DEFAULT_CANDIDATES),
+    accesses=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 7)), min_size=1, max_size=600),
+    rule=st.sampled_from(RULES),
+    batch=st.integers(1, 80),
 )
 def test_a_shadow_hits_exactly_where_the_full_policy_does(
-    accesses: list[int], rule: Candidate
+    accesses: list[tuple[int, int]], rule: Candidate, batch: int
 ) -> None:
-    """The miniature's cheap dict-and-heap cache is the same rule as `CandidatePolicy`."""
+    """The miniature's cheap cache is the same rule as `CandidatePolicy`, also when it
+    replays the accesses in batches."""
     capacity = 20
     full = CandidatePolicy(rule, capacity=capacity)
     if rule.doorkeeper:
         full.set_ghost(capacity)
     shadow = Shadow(rule)
     shadow.resize(capacity, capacity)
-    for key in accesses:
-        hit = key in full
-        if hit:
+    replayed: list[tuple[object, int, int]] = []
+    expected = 0
+    for i, (key, depth) in enumerate(accesses):
+        if key in full:
             full.touch(key)
+            expected |= 1 << i
         else:
-            full.insert(key)
+            full.insert(key, depth=depth)
             if len(full) > capacity:
                 full.pop_victims(1)
-        assert shadow.replay([(key, 0, full.clock)]) == hit
+        replayed.append((key, depth, full.clock))
+    hits = 0
+    for start in range(0, len(replayed), batch):
+        hits |= shadow.replay(replayed[start : start + batch]) << start
+    assert hits == expected
+
+
+def test_the_sampling_rate_spends_the_whole_budget() -> None:
+    """R is `sample_budget` / K exactly (not rounded down to a power of two), so the
+    shadows get every sampled access the budget pays for."""
+    policy = AutoPolicy()
+    for key in range(4096):
+        policy.insert(key)
+    policy.pop_victims(1)
+    assert policy.sample_rate * len(policy.candidates) == pytest.approx(policy.sample_budget)
+
+
+def test_auto_comes_within_half_a_point_of_the_best_named_rule_on_rag() -> None:
+    """A lead that is clear in one epoch switches at once (the README's rag cell)."""
+    trace = rag()
+    best = max(
+        simulate(trace, make_policy(name), 1400).token_hit_rate
+        for name in ("lru", "doorkeeper-lru", "doorkeeper-lfu-decay-1", "probation-lru")
+    )
+    assert simulate(trace, AutoPolicy(), 1400).token_hit_rate >= best - 0.005

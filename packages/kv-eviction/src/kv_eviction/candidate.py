@@ -62,8 +62,7 @@ class Candidate:
 
     name: str
     reuse: str = "linear"
-    """`linear` (use count), `log` (log1p of the use count), `none` (1: recency with the
-    depth and decay terms only) or `recency` (LRU)."""
+    """`linear` (use count), `log` (log1p of the use count) or `recency` (LRU)."""
     depth_weight: float = 0.0
     decay_per_turnover: float = 0.0
     doorkeeper: bool = False
@@ -85,8 +84,6 @@ class Candidate:
         log, log1p = math.log, math.log1p
         if self.reuse == "recency":
             return lambda uses, depth, last_use: 0.0
-        if self.reuse == "none":
-            return lambda uses, depth, last_use: decay * last_use - weight * log1p(depth)
         if self.reuse == "linear":
             return lambda uses, depth, last_use: (
                 log(uses) - weight * log1p(depth) + decay * last_use
