@@ -112,6 +112,7 @@ def test_candidate_keys() -> None:
     [
         ({"sample_entries": 0}, "sample_entries"),
         ({"smoothing": 1.5}, "smoothing"),
+        ({"min_discordant": -1}, "min_discordant"),
         ({"x": 1}, "'x'"),
     ],
 )

@@ -106,6 +106,7 @@ class AutoPolicy(CandidatePolicy):
         confirm_epochs: int = 1,
         smoothing: float = 0.9,
         min_shadow_keys: int = 32,
+        min_discordant: int = 25,
     ) -> None:
         if not candidates:
             raise ValueError("option 'candidates' must name at least one Candidate")
@@ -119,6 +120,9 @@ class AutoPolicy(CandidatePolicy):
         self.confirm_epochs = confirm_epochs
         self.smoothing = smoothing
         self.min_shadow_keys = min_shadow_keys
+        self.min_discordant = min_discordant
+        """Discordant accesses (one shadow hits, the other misses) a lead must rest on:
+        25 is the textbook validity condition of McNemar's normal approximation."""
         self._leader = 0
         self._lead_epochs = 0
         self._shadows = [Shadow(c) for c in self.candidates]
@@ -317,7 +321,11 @@ class AutoPolicy(CandidatePolicy):
         noise = self.switch_sigmas * math.sqrt(shadow.discord * shrink)
         margin = self.switch_margin * self._shadows[self._current].score
         coarse = shadow.limit < self.min_shadow_keys  # too few keys to stand for the cache
-        return index != self._current and not coarse and shadow.lead > max(noise, margin)
+        # discord / shrink is the number of discordant accesses the average stands for;
+        # below `min_discordant` the normal approximation of McNemar's test does not hold
+        few = shadow.discord < self.min_discordant * shrink
+        lead = shadow.lead > max(noise, margin)
+        return index != self._current and not coarse and not few and lead
 
     def _end_epoch(self) -> None:
         self._accesses = 0
@@ -378,12 +386,16 @@ def _build(**options: Any) -> AutoPolicy:
         "confirm_epochs",
         "smoothing",
         "min_shadow_keys",
+        "min_discordant",
     )
     reject_unknown_options("auto", options, accepted)
     for name in ("sample_entries", "min_epoch", "confirm_epochs", "min_shadow_keys"):
         value = options.get(name, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"option {name!r} must be an int >= 1; got {value!r}")
+    discordant = options.get("min_discordant", 0)
+    if isinstance(discordant, bool) or not isinstance(discordant, int) or discordant < 0:
+        raise ValueError(f"option 'min_discordant' must be an int >= 0; got {discordant!r}")
     sigmas = options.get("switch_sigmas", 0.0)
     if isinstance(sigmas, bool) or not isinstance(sigmas, int | float) or not sigmas >= 0:
         raise ValueError(f"option 'switch_sigmas' must be a number >= 0; got {sigmas!r}")
