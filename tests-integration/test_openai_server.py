@@ -6,7 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import connector_config, make_prompt
+from conftest import connector_config
+from engine_process import make_prompt
 from vllm_env import offline_engine_env
 from vllm_server import VllmServer, metric_sum
 

@@ -7,23 +7,17 @@ wants one NUMA node per rank, so the workers run unbound (`VLLM_CPU_OMP_THREADS_
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import EngineRun, connector_config, make_prompt
+from conftest import connector_config
+from engine_process import make_prompt
 from test_marconi_offload import full_blocks, hit_counts, hit_percent
+from tp_marks import TP, TP_ENV, TP_MARKS
+from vllm_env import EngineRun
 
-TP = 2
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.tp,
-    pytest.mark.skipif(
-        len(os.sched_getaffinity(0)) < TP, reason=f"tensor parallelism {TP} needs {TP} CPUs"
-    ),
-]
-TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+pytestmark = TP_MARKS
 
 SHARED = make_prompt(seed=21, blocks=6, tail=0)
 PROMPT_A = make_prompt(seed=22, blocks=2, prefix=SHARED)

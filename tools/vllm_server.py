@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,11 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from local_ports import free_port
 
 
 @dataclass

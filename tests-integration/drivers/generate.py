@@ -1,17 +1,34 @@
 """Run one real vLLM engine through phases of greedy generation; print the results as JSON.
 
 Usage: python generate.py SPEC.json. The spec names the model, an optional
-`kv_transfer_config` and `tensor_parallel_size`, and phases: each phase optionally resets
-vLLM's own prefix cache (and, with `reset_connector`, the connector's), then generates for
-its prompts (lists of token ids). The last stdout line is `RESULT <json>`: per phase, per prompt, the generated
-token ids and `num_cached_tokens`.
+`kv_transfer_config` and `tensor_parallel_size`, engine sizes (`block_size`,
+`kv_cache_memory_bytes`, `max_model_len`, `max_num_batched_tokens`), and phases. A phase
+may `pause` first (the driver writes `<pause_dir>/paused-<i>` and waits for
+`<pause_dir>/resume-<i>`, so a test can restart a server in between), may reset vLLM's own
+prefix cache (`reset_prefix_cache`; with `reset_connector` the connector's too), then
+generates for its prompts (lists of token ids). The last stdout line is `RESULT <json>`:
+per phase, per prompt, the generated token ids and `num_cached_tokens`.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
+from pathlib import Path
 from typing import Any
+
+PAUSE_LIMIT_S = 300
+
+
+def _pause(spec: dict[str, Any], index: int) -> None:
+    folder = Path(spec["pause_dir"])
+    (folder / f"paused-{index}").touch()
+    deadline = time.monotonic() + PAUSE_LIMIT_S
+    while not (folder / f"resume-{index}").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no resume-{index} after {PAUSE_LIMIT_S} s")
+        time.sleep(0.1)
 
 
 def run(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
@@ -35,9 +52,12 @@ def run(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
         kwargs["kv_transfer_config"] = KVTransferConfig(**spec["kv_transfer_config"])
     llm = LLM(**kwargs)
     results = []
-    for phase in spec["phases"]:
-        if phase.get("reset_prefix_cache"):
-            llm.reset_prefix_cache(reset_connector=phase.get("reset_connector", False))
+    for index, phase in enumerate(spec["phases"]):
+        if phase.get("pause"):
+            _pause(spec, index)
+        if phase.get("reset_prefix_cache") or phase.get("reset_connector"):
+            ok = llm.reset_prefix_cache(reset_connector=bool(phase.get("reset_connector")))
+            print(f"PHASE {index} reset_prefix_cache -> {ok}", flush=True)
         params = SamplingParams(
             max_tokens=phase.get("max_tokens", 8), temperature=0.0, ignore_eos=True
         )
@@ -49,6 +69,7 @@ def run(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
                 for out in outputs
             ]
         )
+        print(f"PHASE {index} cached={[r['cached'] for r in results[-1]]}", flush=True)
     return results
 
 

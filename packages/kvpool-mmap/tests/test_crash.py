@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from crash_stress import block_content, check_pool, crash_iteration, stress_config
 from kvpool_mmap import Tier, TieredStore
-from kvpool_mmap.stress import block_content, check_pool, crash_iteration, stress_config
 
 ITERATIONS = int(os.environ.get("KVPOOL_CRASH_ITERATIONS", "60"))
 

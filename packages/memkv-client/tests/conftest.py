@@ -148,7 +148,7 @@ def client(server: ServerProcess) -> Iterator[Client]:
 
 
 def wait_until(predicate: object, attempts: int = 100, delay: float = 0.05) -> bool:
-    """Poll ``predicate()`` a bounded number of times."""
+    """Poll `predicate()` a bounded number of times."""
     for _ in range(attempts):
         if predicate():  # type: ignore[operator]
             return True

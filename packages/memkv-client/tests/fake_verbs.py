@@ -1,11 +1,11 @@
 """A fake verbs backend for tests: the only stand-in for the RDMA hardware.
 
-It implements :class:`memkv_client.verbs.VerbsBackend` / ``QueuePair`` for one process:
-a :class:`Fabric` holds every registered region by rkey and every queue pair by number;
-one-sided READ/WRITE are ``memmove`` between registered ranges, with the same checks a
+It implements `memkv_client.verbs.VerbsBackend` / `QueuePair` for one process:
+a `Fabric` holds every registered region by rkey and every queue pair by number;
+one-sided READ/WRITE are `memmove` between registered ranges, with the same checks a
 NIC makes (local range inside the lkey's region, remote range inside the rkey's region,
 queue pair connected). Errors complete the work request with a failed status, like a
-NIC, instead of raising. ``Fabric.fail_next`` injects failed completions.
+NIC, instead of raising. `Fabric.fail_next` injects failed completions.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from memkv_client.auth import Signer, value_digest
 
 
 def frame(signer: Signer, op: int, meta: bytes, rid: int, bulk: bytes = b"", **kw: int) -> bytes:
-    """One signed request frame (``version``, ``ts``, ``bulk_len`` may be overridden)."""
+    """One signed request frame (`version`, `ts`, `bulk_len` may be overridden)."""
     header = p.Header(
         kw.get("version", p.VERSION), op, 0, 0, rid, kw.get("ts", time.time_ns()),
         len(meta), kw.get("bulk_len", len(bulk)),
@@ -36,7 +36,7 @@ def read_frame(sock: socket.socket) -> p.Frame | None:
 
 
 class RawSession:
-    """A HELLO'd connection: ``request`` signs with the session key and the next id."""
+    """A HELLO'd connection: `request` signs with the session key and the next id."""
 
     def __init__(self, port: int, key: bytes, timeout: float = 10.0, rcvbuf: int = 0) -> None:
         self.key = Signer(key)
@@ -84,7 +84,7 @@ class RawSession:
 
 
 def assert_status(reply: p.Frame | None, status: p.Status, text: bytes = b"") -> None:
-    """``reply`` is a frame with this frame-level status whose message holds ``text``."""
+    """`reply` is a frame with this frame-level status whose message holds `text`."""
     assert reply is not None, "no reply"
     assert reply.header.status == status, (p.status_name(reply.header.status), reply.meta)
     assert text in reply.meta

@@ -18,7 +18,7 @@ from rawclient import RawSession, assert_status, frame, read_frame
 
 
 def _rx_queued(port: int) -> bool:
-    """True if some connection to ``port`` has bytes waiting in the server's receive queue."""
+    """True if some connection to `port` has bytes waiting in the server's receive queue."""
     with open("/proc/net/tcp") as f:
         for line in f.readlines()[1:]:
             fields = line.split()
@@ -120,8 +120,8 @@ def test_request_replayed_on_the_same_connection_is_rejected(server: ServerProce
 
 
 def test_captured_put_with_swapped_value_is_never_stored(fresh_server: ServerProcess) -> None:
-    """The issue's attack: a PUT of ``balance=100`` captured, its value swapped to
-    ``balance=999``, replayed on a new connection, to a second server holding the same
+    """The issue's attack: a PUT of `balance=100` captured, its value swapped to
+    `balance=999`, replayed on a new connection, to a second server holding the same
     key, and after a restart (altering bytes in flight: the next test)."""
     srv = fresh_server
     victim = RawSession(srv.port, KEY)

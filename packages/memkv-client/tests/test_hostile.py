@@ -1,10 +1,10 @@
 """The hostile-client suite: raw frames, replays, floods, slowloris and fd exhaustion
-against real ``memkv serve`` processes on 127.0.0.1, with a valid client checking its
+against real `memkv serve` processes on 127.0.0.1, with a valid client checking its
 data throughout. Every flood is bounded in count and time.
 
-Short by default (the unit tests, ~1 min); ``nox -s fuzz-memkv`` runs it at full scale
-(``MEMKV_HOSTILE_SCALE=full``, a few minutes) and prints the figures as a table (also
-written as JSON to ``MEMKV_HOSTILE_REPORT`` if set).
+Short by default (the unit tests, ~1 min); `nox -s fuzz-memkv` runs it at full scale
+(`MEMKV_HOSTILE_SCALE=full`, a few minutes) and prints the figures as a table (also
+written as JSON to `MEMKV_HOSTILE_REPORT` if set).
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def test_unauthenticated_and_slowloris_floods(target: ServerProcess) -> None:
 
 
 def test_fd_exhaustion_within_a_ulimit() -> None:
-    """Server under ``ulimit -n 256``: 400 idle connections cannot lock a valid client out."""
+    """Server under `ulimit -n 256`: 400 idle connections cannot lock a valid client out."""
     import subprocess
 
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]

@@ -13,7 +13,7 @@ SERVER_ONLY = {"server"}
 
 
 def _imports(path: Path) -> set[str]:
-    """First-level memkv_client modules imported by ``path`` (relative or absolute)."""
+    """First-level memkv_client modules imported by `path` (relative or absolute)."""
     inside_server = path.parent.name == "server"
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):

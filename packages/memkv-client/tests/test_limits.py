@@ -21,7 +21,7 @@ def rss(srv: ServerProcess) -> int:
 
 
 def closed_by_server(sock: socket.socket, within: float) -> bool:
-    """Whether the server closes ``sock`` within ``within`` seconds (reading what it sends)."""
+    """Whether the server closes `sock` within `within` seconds (reading what it sends)."""
     sock.settimeout(within)
     try:
         while sock.recv(65536):

@@ -75,7 +75,7 @@ def test_scatter_of_nothing_reads_nothing(pair: tuple[socket.socket, socket.sock
 
 
 def _tcp_pair(warm: bool = False) -> tuple[socket.socket, socket.socket]:
-    """A loopback TCP pair; ``warm`` first streams 64 MiB through it, so the receive
+    """A loopback TCP pair; `warm` first streams 64 MiB through it, so the receive
     buffer and window have grown the way a long-lived server connection's have (on a
     fresh pair the small window wakes a reader early and hides a bad mark)."""
     with socket.create_server(("127.0.0.1", 0)) as srv:

@@ -1,4 +1,4 @@
-"""Each rank's RDMA NIC (``choose_nic``, ``memkv net topo``) on sysfs trees of real host shapes."""
+"""Each rank's RDMA NIC (`choose_nic`, `memkv net topo`) on sysfs trees of real host shapes."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ NIC = ("0x15b3", "0x020700")
 
 def build(root: Path, pci: dict[str, tuple[str, tuple[str, str], int]],
           ib: dict[str, tuple[str, str, str]]) -> Path:  # fmt: skip
-    """``pci``: name -> (sysfs path under devices/, (vendor, class), numa node);
-    ``ib``: RDMA device -> (pci name, link layer, port state)."""
+    """`pci`: name -> (sysfs path under devices/, (vendor, class), numa node);
+    `ib`: RDMA device -> (pci name, link layer, port state)."""
     dirs = {}
     bus = root / "bus" / "pci" / "devices"
     bus.mkdir(parents=True)

@@ -2,8 +2,8 @@
 
 That plugin (see docs/memkv-protocol.md, "Vendor-usage contract") keeps a CPU pool of
 fixed-size slots registered as one region, stores and loads slots by raw address in
-chunks, reads each item's result as a hit flag (``flag == True``), deletes the keys of
-failed loads, and calls ``deregister_region(addr, length)`` before freeing the pool.
+chunks, reads each item's result as a hit flag (`flag == True`), deletes the keys of
+failed loads, and calls `deregister_region(addr, length)` before freeing the pool.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ CHUNK = 8  # blocks_per_op
 
 
 class VendorStylePool:
-    """The plugin's CPU pool: one anonymous mapping, slot ``i`` at ``base + i * SLOT``."""
+    """The plugin's CPU pool: one anonymous mapping, slot `i` at `base + i * SLOT`."""
 
     def __init__(self) -> None:
         self.map = mmap.mmap(-1, SLOT * SLOTS)

@@ -1,10 +1,10 @@
-"""Batch put/get throughput of our ``memkv serve`` and of Mooncake Store, same run, loopback.
+"""Batch put/get throughput of our `memkv serve` and of Mooncake Store, same run, loopback.
 
-For 1 MiB and 16 MiB values, in batches of 8 (the tier's ``blocks_per_op``), measures each
-backend twice: through its own Python client (``memkv_client.Client.batch_put_views`` /
-``batch_get_into``; Mooncake's ``batch_put_from`` / ``batch_get_into`` on a registered
+For 1 MiB and 16 MiB values, in batches of 8 (the tier's `blocks_per_op`), measures each
+backend twice: through its own Python client (`memkv_client.Client.batch_put_views` /
+`batch_get_into`; Mooncake's `batch_put_from` / `batch_get_into` on a registered
 buffer) and through memkv-vllm's store interface (what the tier and the direct mode call).
-One ``memkv serve`` against one Mooncake store process (plus its master), both holding
+One `memkv serve` against one Mooncake store process (plus its master), both holding
 values in memory; the client contributes no memory. Prints GB/s (median of the repeats)
 and the ratio Mooncake / memkv per row.
 """
@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parents[2] / "tools"))
 
-from memkv_harness import MemKVServer  # noqa: E402
-from mooncake_harness import MooncakeCluster  # noqa: E402
+from memkv_server import MemKVServer  # noqa: E402
+from mooncake_cluster import MooncakeCluster  # noqa: E402
 
 BATCH = 8
 Op = Callable[[list[bytes]], int]  # one batch of keys -> items that succeeded
@@ -109,7 +109,7 @@ def mooncake_backend(cluster: MooncakeCluster, buf: np.ndarray, size: int) -> Ba
 
 
 def measure(backend: Backend, via: str, volume: int, tag: str) -> tuple[float, float]:
-    """(put GB/s, get GB/s) of ``volume`` bytes in batches of 8, then the keys are removed."""
+    """(put GB/s, get GB/s) of `volume` bytes in batches of 8, then the keys are removed."""
     size = backend.size
     keys = [f"bench/{tag}/{i}".encode() for i in range(max(BATCH, volume // size))]
     batches = [keys[i : i + BATCH] for i in range(0, len(keys), BATCH)]

@@ -1,15 +1,16 @@
 """Main job of memkv-vllm: one shared store, two vLLM OpenAI servers sharing it.
 
-Builds a tiny random-weight model, starts the store on 127.0.0.1 (``memkv serve``, or with
-``--backend mooncake`` a Mooncake Store cluster: ``mooncake_master`` and three store
-processes) and two vLLM servers (A and B) whose ``TieringOffloadingSpec`` has a ``memkv``
+Builds a tiny random-weight model, starts the store on 127.0.0.1 (`memkv serve`, or with
+`--backend mooncake` a Mooncake Store cluster: `mooncake_master` and three store
+processes) and two vLLM servers (A and B) whose `TieringOffloadingSpec` has a `memkv`
 secondary tier. Agents with a shared system prompt talk to A first; then the same
 conversations continue on B, which has never seen them: B's prefix hits come from the
 store, put there by A. Prints per-instance hit counts (from each server's /metrics), TTFT,
 and whether B generated exactly A's tokens.
 
 On the CPU build of vLLM, the primary CPU tier needs a torch copy worker (vLLM's own
-refuses the CPU platform); the demo uses the test scaffold ``CPUTestTieringSpec`` for
+refuses the CPU platform); the demo uses the test scaffold `CPUTestTieringSpec`
+(tests-integration/scaffold/) for
 that, which only replaces the GPU<->CPU-pool copies. The MemKV tier is the shipped code.
 """
 
@@ -30,13 +31,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 PKG = HERE.parent
 ROOT = PKG.parents[1]
+SCAFFOLD = ROOT / "tests-integration" / "scaffold"
 sys.path.insert(0, str(ROOT / "tools"))
 
-sys.path.insert(0, str(PKG / "tests"))
-
 import tiny_model  # noqa: E402
-from mooncake_harness import MooncakeCluster  # noqa: E402
-from vllm_server import VllmServer, free_port, metric_sum  # noqa: E402
+from local_ports import free_port  # noqa: E402
+from mooncake_cluster import MooncakeCluster  # noqa: E402
+from vllm_server import VllmServer, metric_sum  # noqa: E402
 
 BLOCK = 32
 
@@ -88,7 +89,7 @@ def start_memkv(port: int, log: Path) -> subprocess.Popen[bytes]:
 
 
 class Store:
-    """The shared store of the demo: ``memkv serve`` or a Mooncake Store cluster."""
+    """The shared store of the demo: `memkv serve` or a Mooncake Store cluster."""
 
     def __init__(self, backend: str, work: Path) -> None:
         self.backend = backend
@@ -123,9 +124,7 @@ def run(args: argparse.Namespace) -> int:
         "PYTHONHASHSEED": "0",  # both instances must hash blocks alike
         **store.env,
         "PYTHONPATH": os.pathsep.join(
-            p
-            for p in (str(PKG / "tests" / "scaffold"), os.environ.get("PYTHONPATH", ""))
-            if p and scaffold
+            p for p in (str(SCAFFOLD), os.environ.get("PYTHONPATH", "")) if p and scaffold
         ),
     }
     servers = {

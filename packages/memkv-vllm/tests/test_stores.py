@@ -1,5 +1,5 @@
-"""The store interface over both backends, on real servers: ``memkv serve`` and a Mooncake
-Store cluster (``mooncake_master`` + three store processes), all on 127.0.0.1. No vLLM."""
+"""The store interface over both backends, on real servers: `memkv serve` and a Mooncake
+Store cluster (`mooncake_master` + three store processes), all on 127.0.0.1. No vLLM."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from memkv_harness import MemKVServer
+from memkv_server import MemKVServer
 from memkv_vllm.config import ConfigError
 from memkv_vllm.store import KVStore, open_store
 from memkv_vllm.store_config import StoreConfig
-from mooncake_harness import MooncakeCluster
+from mooncake_cluster import MooncakeCluster
 
 MiB = 1 << 20
 needs_mooncake = pytest.mark.skipif(
@@ -208,7 +208,7 @@ def test_store_config_chain_and_errors(tmp_path: Path) -> None:
 def test_mooncake_master_that_does_not_answer_fails_startup_naming_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from mooncake_harness import free_port
+    from local_ports import free_port
 
     port = free_port()
     env = {

@@ -10,7 +10,7 @@ import pytest
 pytestmark = pytest.mark.vllm  # direct_manager imports vLLM
 pytest.importorskip("vllm")
 
-from memkv_harness import MemKVServer  # noqa: E402
+from memkv_server import MemKVServer  # noqa: E402
 from memkv_vllm.direct_manager import adopt_prefix  # noqa: E402
 from memkv_vllm.naming import direct_prefix, prefix_record, publish_key  # noqa: E402
 from memkv_vllm.store_config import StoreConfig  # noqa: E402

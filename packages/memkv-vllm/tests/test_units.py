@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from memkv_harness import MemKVServer
+from memkv_server import MemKVServer
 from memkv_vllm import register
 from memkv_vllm.config import ConfigError, DirectConfig, TierConfig
 from memkv_vllm.jobs import JobOutcome, JobRunner

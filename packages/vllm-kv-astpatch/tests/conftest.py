@@ -19,7 +19,7 @@ MakeModule = Callable[[str], types.ModuleType]
 
 @pytest.fixture
 def make_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeModule]:
-    """Write ``source`` to a fresh module file, import it and return the module."""
+    """Write `source` to a fresh module file, import it and return the module."""
     monkeypatch.syspath_prepend(str(tmp_path))
     created: list[str] = []
 

@@ -1,5 +1,5 @@
 """Against an installed vLLM (skipped without one): run with a vLLM environment, e.g.
-``PYTHONPATH=src <vllm-venv>/bin/python -m pytest tests/test_real_vllm.py``."""
+`PYTHONPATH=src <vllm-venv>/bin/python -m pytest tests/test_real_vllm.py`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The transforms on the real ``vllm/v1/core/sched/scheduler.py`` of published wheels.
+"""The transforms on the real `vllm/v1/core/sched/scheduler.py` of published wheels.
 
-The ``astpatch-wheels`` nox session downloads the wheels (never installs them), puts
-each file at ``$VLLM_KV_ASTPATCH_WHEEL_SOURCES/<version>/scheduler.py`` and runs this
+The `astpatch-wheels` nox session downloads the wheels (never installs them), puts
+each file at `$VLLM_KV_ASTPATCH_WHEEL_SOURCES/<version>/scheduler.py` and runs this
 module; without that variable these tests are skipped.
 """
 

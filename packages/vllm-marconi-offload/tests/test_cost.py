@@ -44,9 +44,8 @@ def prefill_measured(model: LoadCostModel, clock: FakeClock, tokens_per_s: float
 
 
 def test_the_first_promotion_replaces_the_assumed_rate() -> None:
-    """Measured on CPU vLLM (bench_l2_decision.py): 2 MiB promoted in 90 ms, the same
-    2,048 tokens prefilled in 20-33 ms. One promotion is enough to stop loading; the
-    assumed 1.5 GB/s used to fade by a fifth per sample and kept every hit loading."""
+    """One measured promotion replaces the assumed rate at once, so a disk slower than
+    prefill stops the loading after its first promotion (rates as on CPU vLLM)."""
     clock = FakeClock()
     model = LoadCostModel(l2_read_bytes_per_s=1.5e9, prefill_tokens_per_s=0.0, clock=clock)
     prefill_measured(model, clock, 62_000)
@@ -78,9 +77,8 @@ def test_small_steps_do_not_count_as_prefill() -> None:
 
 
 def test_an_idle_engine_between_steps_is_not_prefill_time() -> None:
-    """The step's time runs from its start to its output; the engine then idles until
-    the next request (it did in bench_l2_decision.py, and the idle second used to be
-    charged to the last prefill, which made recomputing look 10x slower than it is)."""
+    """The step's time runs from its start to its output; the idle time until the next
+    request is not charged to the last prefill."""
     clock = FakeClock()
     model = LoadCostModel(l2_read_bytes_per_s=1e9, prefill_tokens_per_s=0.0, clock=clock)
     for step in range(3):
@@ -120,8 +118,7 @@ def test_a_skipped_tier_is_probed_again() -> None:
 
 
 def test_a_probe_loads_only_what_the_budget_allows() -> None:
-    """A probe of a long L2 hit loads a few blocks, not the whole hit (loading a whole
-    32k-token L2 hit made a TTFT 3.5x slower than recomputing on an H200)."""
+    """A probe of a long L2 hit loads only the blocks its budget allows, not the hit."""
     clock = FakeClock()
     model = LoadCostModel(l2_read_bytes_per_s=0.8e9, prefill_tokens_per_s=0.0, clock=clock)
     prefill_measured(model, clock, 27_000)
@@ -139,10 +136,9 @@ def test_a_probe_loads_only_what_the_budget_allows() -> None:
 
 
 def test_a_chunk_scheduled_while_the_previous_runs_is_timed_from_that_ones_report() -> None:
-    """Async scheduling (vLLM 0.26 on the H200) schedules a 32k prompt's second 16k chunk
-    while the first runs; timing it from its scheduling counted both chunks and made the
-    prefill look slower than reading L2 (the likely cause of a 32k L2 hit loaded in 4.4 s
-    where recomputing took 1.2 s)."""
+    """Async scheduling schedules a 32k prompt's second 16k chunk while the first runs;
+    that chunk is timed from the first one's report, not from its scheduling (which would
+    count both chunks and make prefill look slower than reading L2)."""
     clock = FakeClock()
     model = LoadCostModel(l2_read_bytes_per_s=1.5e9, prefill_tokens_per_s=0.0, clock=clock)
     for first, second in ((1, 2), (3, 4)):

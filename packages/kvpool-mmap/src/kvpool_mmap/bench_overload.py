@@ -7,8 +7,8 @@
 Sessions of `--blocks` blocks grow by two blocks a round and come back in a shuffled order
 each round (`--order cyclic`: the same order, as the GPU multi-turn benchmark sends them): a session looks up its whole history (the longest cached prefix is a hit;
 L2 blocks are promoted), then stores what missed plus its new blocks. Stores arrive at
-`--store-ratio` times the L2 write rate (an H200 prefill stores 3-4 GB/s, its host disk
-writes 1.7), paced by sleeping after each session. L2 writes are real writes capped at
+`--store-ratio` times the L2 write rate (docs/benchmarks.md has the GPU host's ratio),
+paced by sleeping after each session. L2 writes are real writes capped at
 `--l2-write-mbps` (default 50 MB/s; 0: the disk's own rate, measured first) so that runs
 on a shared machine, whose disk speed varies, compare. L1 holds
 `--l1-fraction` of the final live context, L2 all of it. Three stores run the same

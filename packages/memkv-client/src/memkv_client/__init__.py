@@ -1,7 +1,7 @@
 """Open MemKV client (TCP, and RDMA through pyverbs) and server.
 
-``Client`` mirrors the vendor client's API; see the package README and
-``docs/memkv-protocol.md``.
+`Client` mirrors the vendor client's API; see the package README and
+`docs/memkv-protocol.md`.
 """
 
 from ._version import __version__

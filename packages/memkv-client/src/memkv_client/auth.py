@@ -4,9 +4,9 @@ the clock window, and the per-user key file used when no key is configured.
 Every connection starts with HELLO. The client sends a random nonce; the server answers
 with its boot nonce (random per start) and a connection nonce (random per connection),
 signed with a key bound to the client's nonce. Both sides then sign every later frame
-with ``session = HMAC(key, "memkv-v2 session" || client_nonce || boot_nonce ||
-conn_nonce)``, so a frame recorded on one connection, server or boot verifies nowhere
-else. See ``docs/memkv-protocol.md`` ("Threat model") for every check.
+with `session = HMAC(key, "memkv-v2 session" || client_nonce || boot_nonce ||
+conn_nonce)`, so a frame recorded on one connection, server or boot verifies nowhere
+else. See `docs/memkv-protocol.md` ("Threat model") for every check.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ DEFAULT_CLOCK_WINDOW_NS = 30 * 1_000_000_000
 
 
 def check_key(key: bytes) -> bytes:
-    """``key`` if it is usable: exactly 32 bytes and not all zero; else ValueError."""
+    """`key` if it is usable: exactly 32 bytes and not all zero; else ValueError."""
     if len(key) != KEY_SIZE:
         raise ValueError(f"must be {KEY_SIZE} bytes ({2 * KEY_SIZE} hex digits), got {len(key)}")
     if not any(key):
@@ -63,7 +63,7 @@ def parse_key(text: str) -> bytes:
 
 
 def user_key_path(env: Mapping[str, str] | None = None) -> Path:
-    """``MEMKV_AUTH_KEY_FILE``, else ``$XDG_CONFIG_HOME/memkv/auth.key`` (``~/.config``)."""
+    """`MEMKV_AUTH_KEY_FILE`, else `$XDG_CONFIG_HOME/memkv/auth.key` (`~/.config`)."""
     env = os.environ if env is None else env
     if env.get("MEMKV_AUTH_KEY_FILE"):
         return Path(env["MEMKV_AUTH_KEY_FILE"])
@@ -72,7 +72,7 @@ def user_key_path(env: Mapping[str, str] | None = None) -> Path:
 
 
 def user_key(path: Path) -> bytes:
-    """The key in ``path``, created (random, mode 0600) if it does not exist yet.
+    """The key in `path`, created (random, mode 0600) if it does not exist yet.
 
     Used when no key is configured and every address is loopback: a client and a server
     run by the same user agree, and other users cannot read it. Creation is atomic (a
@@ -124,7 +124,7 @@ class Signer:
             raise ValueError(f"auth key: {exc}") from None
 
     def derive(self, label: bytes, *parts: bytes) -> Signer:
-        """A signer whose key is ``HMAC(key, label || parts...)`` (HELLO replies, sessions)."""
+        """A signer whose key is `HMAC(key, label || parts...)` (HELLO replies, sessions)."""
         h = hmac.new(self._key, label, hashlib.sha256)
         for part in parts:
             h.update(part)
@@ -139,7 +139,7 @@ class Signer:
         return self.derive(b"memkv-v2 hello", client_nonce)
 
     def start(self, header: bytes) -> hmac.HMAC:
-        """An HMAC fed with ``header``; feed the metadata as it arrives, then :meth:`check`."""
+        """An HMAC fed with `header`; feed the metadata as it arrives, then `check`."""
         return hmac.new(self._key, header, hashlib.sha256)
 
     @staticmethod
@@ -156,7 +156,7 @@ class Signer:
 
 
 class ClockWindow:
-    """Rejects requests whose timestamp is more than ``window_ns`` from the server clock.
+    """Rejects requests whose timestamp is more than `window_ns` from the server clock.
 
     Stateless: replays are stopped by per-connection session keys and request ids that
     must increase by one, so no memory of past requests is kept.

@@ -1,11 +1,11 @@
 """Loopback throughput benchmark: batch put/get of 1 MiB and 16 MiB values vs iperf3.
 
-``python -m memkv_client.bench`` starts a ``memkv serve`` process on 127.0.0.1 and
-runs interleaved rounds: iperf3 (one stream, best of the default and ``-l 1M``), then
+`python -m memkv_client.bench` starts a `memkv serve` process on 127.0.0.1 and
+runs interleaved rounds: iperf3 (one stream, best of the default and `-l 1M`), then
 memkv batch put and get of 1 MiB and 16 MiB values. It prints GB/s (10^9 bytes/s), the
 ratio to iperf3 per round and for the best rounds, and the load average. The exit
 status is 0 unless something failed: the ratio is reported, not enforced. Loopback
-speed on shared VMs varies by ±40% between runs. iperf3 also reuses one cache-hot
+speed on shared VMs varies widely between runs, hence the interleaving. iperf3 also reuses one cache-hot
 buffer, while a store must write every value to distinct memory, so under CPU
 contention the ratio drops.
 """
@@ -82,7 +82,7 @@ def start_server(memory: str, port: int) -> subprocess.Popen[str]:
 
 
 def run_size(client: Client, value_size: int, total: int, batch: int) -> dict[str, float]:
-    """One round: batch put then batch get of ``total`` bytes of ``value_size`` values, GB/s."""
+    """One round: batch put then batch get of `total` bytes of `value_size` values, GB/s."""
     count = max(batch, total // value_size)
     pattern = os.urandom(4096)
     srcs = [bytearray(pattern * (value_size // 4096)) for _ in range(min(count, 4))]

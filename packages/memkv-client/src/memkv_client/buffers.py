@@ -32,15 +32,15 @@ def as_key(key: bytes | str) -> bytes:
 
 
 def check_count(name: str, value: Any, where: str) -> int:
-    """``value`` if it is an ``int`` in ``[0, 2**64)``; else :class:`LocalProtocolError`."""
+    """`value` if it is an `int` in `[0, 2**64)`; else `LocalProtocolError`."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64:
         raise LocalProtocolError(f"{where}: invalid {name} {value!r}: use an int in [0, 2**64)")
     return value
 
 
 def as_tuples(items: Any, arity: int, shape: str, where: str) -> list[tuple[Any, ...]]:
-    """The items of a batch call as tuples of ``arity`` fields (``shape`` names them);
-    anything else raises :class:`LocalProtocolError` instead of a bare TypeError."""
+    """The items of a batch call as tuples of `arity` fields (`shape` names them);
+    anything else raises `LocalProtocolError` instead of a bare TypeError."""
     try:
         out = [tuple(item) for item in items]
     except TypeError:
@@ -54,10 +54,10 @@ def as_tuples(items: Any, arity: int, shape: str, where: str) -> list[tuple[Any,
 
 
 def as_view(buf: BufferOrAddress, length: int, *, writable: bool) -> memoryview:
-    """A byte memoryview of exactly ``length`` bytes over ``buf``.
+    """A byte memoryview of exactly `length` bytes over `buf`.
 
-    ``buf`` is either an object exporting a C-contiguous buffer of at least ``length``
-    bytes, or an ``int`` address of host memory that the caller keeps alive (and
+    `buf` is either an object exporting a C-contiguous buffer of at least `length`
+    bytes, or an `int` address of host memory that the caller keeps alive (and
     writable, for reads) for the duration of the call.
     """
     check_count("length", length, "buffer")

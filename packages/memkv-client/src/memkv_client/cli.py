@@ -1,4 +1,4 @@
-"""The ``memkv`` command: ``serve``, ``stats`` and ``net topo``."""
+"""The `memkv` command: `serve`, `stats` and `net topo`."""
 
 from __future__ import annotations
 

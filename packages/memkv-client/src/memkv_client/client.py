@@ -1,9 +1,9 @@
 """The client facade: the vendor client's API over HRW routing and per-server pools.
 
-:class:`Client` is thread-safe: any number of threads may call any method at once.
+`Client` is thread-safe: any number of threads may call any method at once.
 Batch calls split their items per server (HRW) and into requests of at most
-``max_batch_size`` items / ``max_request_mb`` bytes, run those requests concurrently
-(one connection each, up to ``num_connections`` per server) and return per-item
+`max_batch_size` items / `max_request_mb` bytes, run those requests concurrently
+(one connection each, up to `num_connections` per server) and return per-item
 results in input order.
 """
 
@@ -50,13 +50,12 @@ XferItem = tuple[bytes | str, int, int, int]  # key, address, length, value_offs
 class Client:
     """A MemKV client.
 
-    :param rdma_devices: overrides the ``rdma_devices`` setting.
-    :param config: a ready :class:`Config`; otherwise it is loaded from ``MEMKV_CONFIG``,
-        ``MEMKV_*`` variables and defaults, with ``overrides`` (setting names) on top.
-    :param verbs_backend: a :class:`~memkv_client.verbs.VerbsBackend` to use for RDMA
-        instead of probing pyverbs (alternative providers, tests).
-    :raises ConfigError: a setting is invalid (the message names it).
-    :raises RdmaUnavailableError: ``transport=rdma`` and no usable RDMA device.
+    Settings come from `config` (a ready `Config`) or else from `MEMKV_CONFIG`, the
+    `MEMKV_*` variables and defaults, with `overrides` (setting names) on top;
+    `rdma_devices` overrides that setting. `verbs_backend` (a
+    `memkv_client.verbs.VerbsBackend`) is used for RDMA instead of probing pyverbs
+    (alternative providers, tests). Raises `ConfigError` naming an invalid setting, and
+    `RdmaUnavailableError` for `transport=rdma` without a usable RDMA device.
     """
 
     def __init__(
@@ -172,10 +171,10 @@ class Client:
         max_items: int,
         together: Sequence[bytes] | None = None,
     ) -> list[list[int]]:
-        """Split one server's items into requests: at most ``max_items`` items and
-        ``max_request_mb`` of values each, and (for big batches) spread over up to
-        ``num_connections`` requests of at least ``_MIN_SPLIT`` bytes so they run in
-        parallel. With ``together`` (a key per position, equal keys adjacent), a run of
+        """Split one server's items into requests: at most `max_items` items and
+        `max_request_mb` of values each, and (for big batches) spread over up to
+        `num_connections` requests of at least `_MIN_SPLIT` bytes so they run in
+        parallel. With `together` (a key per position, equal keys adjacent), a run of
         equal keys is never split across requests."""
         total = sum(sizes[i] for i in positions)
         ways = max(1, min(self.config.num_connections, total // _MIN_SPLIT, len(positions)))
@@ -301,7 +300,7 @@ class Client:
         return result
 
     def batch_put_views(self, items: Iterable[Item]) -> list[ItemResult]:
-        """Store ``(key, buffer_or_address, length)`` items, read in place from the caller's memory.
+        """Store `(key, buffer_or_address, length)` items, read in place from the caller's memory.
 
         The memory must stay alive and unchanged until the call returns.
         """
@@ -320,9 +319,9 @@ class Client:
         return self._batch(keys, [len(v) for v in views], op)
 
     def batch_get_into(self, items: Iterable[Item]) -> list[ItemResult]:
-        """Read ``(key, buffer_or_address, length)`` items into the caller's memory.
+        """Read `(key, buffer_or_address, length)` items into the caller's memory.
 
-        Full length or miss: an item is OK only if the stored value is exactly ``length``
+        Full length or miss: an item is OK only if the stored value is exactly `length`
         bytes; otherwise it is a MISS and its buffer content is unspecified.
         """
         keys: list[bytes] = []
@@ -339,22 +338,22 @@ class Client:
         return self._batch(keys, [len(v) for v in views], op)
 
     def batch_xfer(self, items: Iterable[XferItem], is_write: bool) -> list[ItemResult]:
-        """Move ``(key, address, length, value_offset)`` items with one-sided RDMA.
+        """Move `(key, address, length, value_offset)` items with one-sided RDMA.
 
         The server drives the transfer (RDMA READ from the caller's memory for a write,
-        RDMA WRITE into it for a read) against memory given to :meth:`register_region`;
+        RDMA WRITE into it for a read) against memory given to `register_region`;
         the TCP connection carries only control messages. **RDMA only**: there is no
         TCP fallback (the address may be device memory), so without RDMA every item
-        is a ``transport`` result whose cause starts with ``"RDMA required"``.
+        is a `transport` result whose cause starts with `"RDMA required"`.
 
-        * Read (``is_write=False``): bytes ``[value_offset, +length)`` of the stored
-          value. ``miss`` if absent or shorter than ``value_offset + length``.
+        * Read (`is_write=False`): bytes `[value_offset, +length)` of the stored
+          value. `miss` if absent or shorter than `value_offset + length`.
         * Write: the items of one key are the pieces of one new value; they must
-          cover ``[0, value length)`` exactly. The value replaces the old one once
+          cover `[0, value length)` exactly. The value replaces the old one once
           every piece has arrived, and all its pieces share one result.
 
-        :raises LocalProtocolError: a bad key, address, length or offset; write pieces
-            that do not tile their value; memory outside registered regions (RDMA).
+        Raises `LocalProtocolError` for a bad key, address, length or offset, write
+        pieces that do not tile their value, or memory outside registered regions.
         """
         keys: list[bytes] = []
         wire: list[tuple[bytes, int, int, int]] = []
@@ -468,10 +467,10 @@ class Client:
             self._rdma.register_region(addr, length)
 
     def deregister_region(self, addr: int, length: int | None = None) -> None:
-        """Forget a region registered with :meth:`register_region`; call before freeing it.
+        """Forget a region registered with `register_region`; call before freeing it.
 
-        ``length`` is accepted for the vendor's ``deregister_region(addr, length)`` form;
-        the region is identified by ``addr``.
+        `length` is accepted for the vendor's `deregister_region(addr, length)` form;
+        the region is identified by `addr`.
         """
         check_count("address", addr, "deregister_region")
         if length is not None:

@@ -1,9 +1,9 @@
-"""Client configuration: ``MEMKV_CONFIG`` (YAML) first, then ``MEMKV_*`` variables, then defaults.
+"""Client configuration: `MEMKV_CONFIG` (YAML) first, then `MEMKV_*` variables, then defaults.
 
 Each setting is looked up in that order and the first source that has it wins; keyword
-overrides given to ``Client(...)`` win over all three. Every value is validated and a
-bad one raises :class:`~memkv_client.errors.ConfigError` naming the setting and its
-source. There is no licence check: a ``license`` entry is accepted and ignored.
+overrides given to `Client(...)` win over all three. Every value is validated and a
+bad one raises `memkv_client.errors.ConfigError` naming the setting and its
+source. There is no licence check: a `license` entry is accepted and ignored.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = ["Config", "Transport", "load_config"]
 
 
 class Transport(enum.Enum):
-    """``auto`` prefers RDMA and falls back to TCP; ``rdma``/``rdma-rc`` require RDMA."""
+    """`auto` prefers RDMA and falls back to TCP; `rdma`/`rdma-rc` require RDMA."""
 
     AUTO = "auto"
     TCP = "tcp"
@@ -37,11 +37,11 @@ class Config:
     """Validated client settings (defaults mirror the vendor client's)."""
 
     servers: tuple[str, ...] = ("127.0.0.1:9900",)
-    """``host:port`` of every server; keys are spread over them by HRW hashing."""
+    """`host:port` of every server; keys are spread over them by HRW hashing."""
     rdma_devices: tuple[str, ...] = ("mlx5_0",)
-    """RDMA device names the client may use (``MEMKV_RDMA_DEVICES``, comma-separated)."""
+    """RDMA device names the client may use (`MEMKV_RDMA_DEVICES`, comma-separated)."""
     bind_addresses: tuple[str | None, ...] = (None,)
-    """Local addresses to bind outgoing connections to (``None`` = any)."""
+    """Local addresses to bind outgoing connections to (`None` = any)."""
     cache_size_mb: int = 256
     """Accepted for compatibility; this client keeps no local value cache."""
     connect_timeout_ms: int = 5000
@@ -62,8 +62,8 @@ class Config:
     license: str | None = None
     """Ignored: the open client has no licence check."""
     auth_key: bytes | None = field(default=None, repr=False)
-    """32-byte shared HMAC key (64 hex digits, not all zero). ``None``: on loopback, the
-    per-user key file (``MEMKV_AUTH_KEY_FILE``, default ``~/.config/memkv/auth.key``)."""
+    """32-byte shared HMAC key (64 hex digits, not all zero). `None`: on loopback, the
+    per-user key file (`MEMKV_AUTH_KEY_FILE`, default `~/.config/memkv/auth.key`)."""
     transport: Transport = Transport.AUTO
     max_batch_size: int = 64
     """Items per request; larger batches are split and sent concurrently."""
@@ -100,7 +100,7 @@ _MTUS = (256, 512, 1024, 2048, 4096)
 
 
 def env_name(name: str) -> str:
-    """The environment variable that sets ``name``."""
+    """The environment variable that sets `name`."""
     return _ENV_NAMES.get(name, "MEMKV_" + name.upper())
 
 
@@ -188,7 +188,7 @@ def _read_yaml(path: str) -> dict[str, Any]:
 
 
 def load_config(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
-    """Build a :class:`Config` from overrides, ``MEMKV_CONFIG``, ``MEMKV_*`` and defaults."""
+    """Build a `Config` from overrides, `MEMKV_CONFIG`, `MEMKV_*` and defaults."""
     env = os.environ if env is None else env
     unknown = sorted(k for k in overrides if k not in _FIELDS)
     if unknown:

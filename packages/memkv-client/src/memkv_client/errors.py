@@ -1,7 +1,7 @@
 """Exception hierarchy: one root, tagged by who is to blame and whether a retry helps.
 
-Wire status codes map to exception classes in one table, :data:`STATUS_EXCEPTIONS`,
-read by :func:`error_from_status`.
+Wire status codes map to exception classes in one table, `STATUS_EXCEPTIONS`,
+read by `error_from_status`.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class MemKVTimeout(TransportError, TimeoutError):  # noqa: N818 (name kept from 
 
 
 class RdmaUnavailableError(MemKVError):
-    """``transport=rdma`` was requested but no usable RDMA device/backend exists."""
+    """`transport=rdma` was requested but no usable RDMA device/backend exists."""
 
     kind = ErrorKind.CONFIG
 

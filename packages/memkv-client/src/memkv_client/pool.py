@@ -26,7 +26,7 @@ S = TypeVar("S", bound=SessionLike)
 
 @dataclass(frozen=True)
 class ExponentialBackoff:
-    """``min(cap, base * 2**(failures-1))`` seconds."""
+    """`min(cap, base * 2**(failures-1))` seconds."""
 
     base: float = 0.05
     cap: float = 1.0
@@ -38,11 +38,11 @@ class ExponentialBackoff:
 
 
 class ServerPool(Generic[S]):
-    """Up to ``size`` sessions to one server, each used by one thread at a time. Thread-safe.
+    """Up to `size` sessions to one server, each used by one thread at a time. Thread-safe.
 
     After a failed connect, new connects fail fast until the backoff has passed, so a
     dead server costs one connect attempt per backoff period rather than one per call.
-    After a request times out, connects fail fast for ``wait_timeout`` seconds, so a hung
+    After a request times out, connects fail fast for `wait_timeout` seconds, so a hung
     (e.g. SIGSTOPped) server costs a batch at most one request timeout.
     """
 
@@ -70,7 +70,7 @@ class ServerPool(Generic[S]):
 
     def _hung(self, exc: MemKVTimeout) -> None:
         """A request timed out: the server is hung or overloaded. Fail fast for one
-        request timeout (``wait_timeout``) instead of making every caller wait it out,
+        request timeout (`wait_timeout`) instead of making every caller wait it out,
         and drop the idle sessions, which lead to the same server."""
         with self._lock:
             self._down_until = max(self._down_until, self._clock() + self._wait)
@@ -99,7 +99,7 @@ class ServerPool(Generic[S]):
         return session
 
     def run(self, fn: Callable[[S], T]) -> T:
-        """Call ``fn`` with a session; retry once on a fresh session if a reused one was stale."""
+        """Call `fn` with a session; retry once on a fresh session if a reused one was stale."""
         if not self._slots.acquire(timeout=self._wait):
             raise MemKVTimeout(f"{self.address}: no free connection within {self._wait:g}s")
         try:

@@ -1,13 +1,13 @@
 """MemKV wire protocol: constants, frame header and per-opcode metadata codecs.
 
-Sans-I/O: nothing here touches a socket. See ``docs/memkv-protocol.md`` for the
+Sans-I/O: nothing here touches a socket. See `docs/memkv-protocol.md` for the
 specification. Every frame is::
 
     header (32 bytes) | mac (32 bytes) | meta (meta_len bytes) | bulk (bulk_len bytes)
 
-All integers are little-endian. The MAC is HMAC-SHA256 over ``header || meta`` with a
-per-connection session key (see :mod:`.auth`); value bytes are covered by SHA-256
-digests inside ``meta``.
+All integers are little-endian. The MAC is HMAC-SHA256 over `header || meta` with a
+per-connection session key (see `.auth`); value bytes are covered by SHA-256
+digests inside `meta`.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class Header:
 
 
 def unpack_header(data: bytes | bytearray | memoryview) -> Header:
-    """Decode the 32-byte header; raises :class:`FrameError` on a bad magic."""
+    """Decode the 32-byte header; raises `FrameError` on a bad magic."""
     if len(data) < HEADER_SIZE:
         raise FrameError(Status.MESSAGE_TOO_SHORT, f"header needs {HEADER_SIZE} bytes")
     magic, version, op, status, flags, rid, ts, meta_len, bulk_len = HEADER.unpack_from(data)
@@ -148,8 +148,8 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
 def check_request_header(h: Header, max_bulk_len: int, authenticated: bool = True) -> Op:
     """Validate a request header against this implementation's limits; return its opcode.
 
-    Before the connection's HELLO has verified (``authenticated=False``) only a HELLO of
-    at most :data:`PREAUTH_MAX_META_LEN` metadata bytes is accepted.
+    Before the connection's HELLO has verified (`authenticated=False`) only a HELLO of
+    at most `PREAUTH_MAX_META_LEN` metadata bytes is accepted.
     """
     if not MIN_VERSION <= h.version <= MAX_VERSION:
         raise FrameError(
@@ -184,7 +184,7 @@ def check_request_header(h: Header, max_bulk_len: int, authenticated: bool = Tru
 
 
 class Reader:
-    """Typed cursor over metadata bytes; short reads raise ``MESSAGE_TOO_SHORT``."""
+    """Typed cursor over metadata bytes; short reads raise `MESSAGE_TOO_SHORT`."""
 
     __slots__ = ("_data", "_pos")
 
@@ -248,12 +248,12 @@ def _key(k: bytes) -> bytes:
 def encode_hello(
     client_nonce: bytes, min_version: int = MIN_VERSION, max_version: int = MAX_VERSION
 ) -> bytes:
-    """HELLO request: ``u8 min_version, u8 max_version, 16-byte client nonce``."""
+    """HELLO request: `u8 min_version, u8 max_version, 16-byte client nonce`."""
     return _HELLO_REQ.pack(min_version, max_version, client_nonce)
 
 
 def decode_hello(meta: bytes) -> tuple[int, int, bytes]:
-    """``(min_version, max_version, client_nonce)``; later bytes are room for future fields."""
+    """`(min_version, max_version, client_nonce)`; later bytes are room for future fields."""
     if len(meta) < _HELLO_REQ.size:
         raise FrameError(Status.MESSAGE_TOO_SHORT, "HELLO needs versions and a client nonce")
     lo, hi, nonce = _HELLO_REQ.unpack_from(meta)
@@ -261,7 +261,7 @@ def decode_hello(meta: bytes) -> tuple[int, int, bytes]:
 
 
 def encode_keys(keys: Sequence[bytes]) -> bytes:
-    """EXISTS / DELETE / SIZE requests: ``u32 count, count x key``."""
+    """EXISTS / DELETE / SIZE requests: `u32 count, count x key`."""
     return b"".join([_U32.pack(len(keys)), *map(_key, keys)])
 
 
@@ -273,7 +273,7 @@ def decode_keys(meta: bytes, limit: int = MAX_BATCH_ITEMS) -> list[bytes]:
 
 
 def encode_key_lengths(items: Sequence[tuple[bytes, int]]) -> bytes:
-    """PUT / GET requests: ``u32 count, count x (key, u64 length)``."""
+    """PUT / GET requests: `u32 count, count x (key, u64 length)`."""
     parts = [_U32.pack(len(items))]
     for k, n in items:
         parts.append(_key(k))
@@ -289,7 +289,7 @@ def decode_key_lengths(meta: bytes, limit: int = MAX_BATCH_ITEMS) -> list[tuple[
 
 
 def encode_put_items(items: Sequence[tuple[bytes, int, bytes]]) -> bytes:
-    """PUT requests: ``u32 count, count x (key, u64 length, 32-byte SHA-256 of the value)``."""
+    """PUT requests: `u32 count, count x (key, u64 length, 32-byte SHA-256 of the value)`."""
     parts = [_U32.pack(len(items))]
     for k, n, digest in items:
         parts.append(_key(k))
@@ -306,7 +306,7 @@ def decode_put_items(meta: bytes, limit: int = MAX_BATCH_ITEMS) -> list[tuple[by
 
 
 def encode_remote_items(items: Sequence[tuple[bytes, int, int, int]]) -> bytes:
-    """RDMA_PUT / RDMA_GET: ``u32 count, count x (key, u64 len, u64 addr, u32 rkey)``."""
+    """RDMA_PUT / RDMA_GET: `u32 count, count x (key, u64 len, u64 addr, u32 rkey)`."""
     parts = [_U32.pack(len(items))]
     for k, n, addr, rkey in items:
         parts.append(_key(k))
@@ -327,8 +327,8 @@ def decode_remote_items(
 
 
 def encode_xfer(is_write: bool, items: Sequence[tuple[bytes, int, int, int, int]]) -> bytes:
-    """RDMA_XFER: ``u8 is_write, u32 count, count x (key, u64 value_offset, u64 len,
-    u64 addr, u32 rkey)``."""
+    """RDMA_XFER: `u8 is_write, u32 count, count x (key, u64 value_offset, u64 len,
+    u64 addr, u32 rkey)`."""
     parts = [bytes([int(is_write)]), _U32.pack(len(items))]
     for k, offset, n, addr, rkey in items:
         parts.append(_key(k))
@@ -354,10 +354,10 @@ def decode_xfer(
 def xfer_pieces(
     items: Sequence[tuple[bytes, int, int, int, int]],
 ) -> dict[bytes, tuple[int, list[int]]]:
-    """Group RDMA_XFER *write* items by key: ``{key: (value length, item indices)}``.
+    """Group RDMA_XFER *write* items by key: `{key: (value length, item indices)}`.
 
     The items of one key are the pieces of one new value; together they must cover
-    ``[0, value length)`` exactly, without gaps or overlaps. Raises :class:`FrameError`
+    `[0, value length)` exactly, without gaps or overlaps. Raises `FrameError`
     (INVALID_REQUEST) otherwise.
     """
     groups: dict[bytes, list[int]] = {}
@@ -430,7 +430,7 @@ def decode_hello_reply(meta: bytes) -> ServerInfo:
 
 
 def encode_flags(values: Sequence[int]) -> bytes:
-    """EXISTS / PUT / DELETE / RDMA_PUT replies: ``u32 count, count x u8``."""
+    """EXISTS / PUT / DELETE / RDMA_PUT replies: `u32 count, count x u8`."""
     return _U32.pack(len(values)) + bytes(values)
 
 
@@ -445,7 +445,7 @@ def decode_flags(meta: bytes, expect: int) -> list[int]:
 
 
 def encode_status_lengths(items: Sequence[tuple[int, int]]) -> bytes:
-    """GET / SIZE / RDMA_GET replies: ``u32 count, count x (u8 status, u64 length)``."""
+    """GET / SIZE / RDMA_GET replies: `u32 count, count x (u8 status, u64 length)`."""
     return _U32.pack(len(items)) + b"".join(_STATUS_LEN.pack(s, n) for s, n in items)
 
 
@@ -460,8 +460,8 @@ def decode_status_lengths(meta: bytes, expect: int) -> list[tuple[int, int]]:
 
 
 def encode_get_reply(items: Sequence[tuple[int, int, bytes]]) -> bytes:
-    """GET replies: ``u32 count, count x (u8 status, u64 length, 32-byte SHA-256)``; the
-    digest is the stored value's for ``OK`` items and zeros otherwise."""
+    """GET replies: `u32 count, count x (u8 status, u64 length, 32-byte SHA-256)`; the
+    digest is the stored value's for `OK` items and zeros otherwise."""
     return _U32.pack(len(items)) + b"".join(_STATUS_LEN_DIGEST.pack(*i) for i in items)
 
 
@@ -497,7 +497,7 @@ class FrameDecoder:
     """Bytes in, whole frames out. A partial frame is left in the buffer untouched.
 
     The server streams bulk data straight into its store instead; this decoder serves
-    tests, tools and fuzzing, and shares :func:`unpack_header` with the server.
+    tests, tools and fuzzing, and shares `unpack_header` with the server.
     """
 
     def __init__(self, max_bulk_len: int = DEFAULT_MAX_BULK_LEN) -> None:

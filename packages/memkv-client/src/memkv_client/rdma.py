@@ -1,15 +1,15 @@
 """RDMA data path: RC queue pairs bootstrapped over the TCP session, one-sided bulk moves.
 
-Client side: :class:`RdmaEngine` owns registered regions and a registered staging pool;
-:meth:`RdmaEngine.upgrade` turns a HELLO'd TCP session into an :class:`RdmaSession` by
-exchanging queue-pair endpoints (``RDMA_CONNECT``). Control messages stay on TCP;
-``RDMA_PUT``/``RDMA_GET`` carry ``(key, length, address, rkey)`` and the *server* moves
+Client side: `RdmaEngine` owns registered regions and a registered staging pool;
+`RdmaEngine.upgrade` turns a HELLO'd TCP session into an `RdmaSession` by
+exchanging queue-pair endpoints (`RDMA_CONNECT`). Control messages stay on TCP;
+`RDMA_PUT`/`RDMA_GET` carry `(key, length, address, rkey)` and the *server* moves
 the bytes with one-sided READ (put) or WRITE (get) against the client's memory, then
-replies with per-item statuses. Memory inside a region given to ``register_region`` is
+replies with per-item statuses. Memory inside a region given to `register_region` is
 used in place; other buffers go through a staging slot (one copy); values that fit no
 slot go over TCP.
 
-The server side (``RdmaResponder``/``RdmaPeer``) lives in :mod:`.server.rdma`.
+The server side (`RdmaResponder`/`RdmaPeer`) lives in `.server.rdma`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ log = logging.getLogger("memkv_client")
 
 
 def open_verbs_backend_for(config: Config) -> tuple[VerbsBackend | None, str]:
-    """:func:`~memkv_client.verbs.open_verbs_backend` with the client's RDMA settings."""
+    """`memkv_client.verbs.open_verbs_backend` with the client's RDMA settings."""
     return open_verbs_backend(
         config.rdma_devices,
         {
@@ -57,7 +57,7 @@ def view_address(view: memoryview) -> int | None:
 
 
 class RdmaEngine:
-    """Client-side RDMA state shared by all sessions of one :class:`Client`. Thread-safe."""
+    """Client-side RDMA state shared by all sessions of one `Client`. Thread-safe."""
 
     def __init__(self, backend: VerbsBackend, config: Config) -> None:
         self.backend = backend
@@ -105,7 +105,7 @@ class RdmaEngine:
             self._free_slots.append(slot)
 
     def view_at(self, addr: int, n: int) -> memoryview:
-        """The staging bytes at ``[addr, +n)``."""
+        """The staging bytes at `[addr, +n)`."""
         start = addr - self._staging.addr
         return self._staging.view[start : start + n]
 
@@ -117,7 +117,7 @@ class RdmaEngine:
         return self._staging.mr
 
     def upgrade(self, session: TcpSession) -> TcpSession | RdmaSession:
-        """Bootstrap a queue pair over ``session``; keep TCP if the server has no RDMA."""
+        """Bootstrap a queue pair over `session`; keep TCP if the server has no RDMA."""
         if not session.info.rdma:
             if self.config.transport is not Transport.AUTO:
                 session.close()
@@ -156,7 +156,7 @@ class RdmaEngine:
 class RdmaSession:
     """A TCP control session plus a connected queue pair; bulk data moves one-sided."""
 
-    rdma = True  #: one-sided RDMA data path (``batch_xfer`` needs it)
+    rdma = True  #: one-sided RDMA data path (`batch_xfer` needs it)
 
     def __init__(self, tcp: TcpSession, qp: QueuePair, engine: RdmaEngine) -> None:
         self.tcp = tcp
@@ -269,9 +269,9 @@ class RdmaSession:
     def xfer(
         self, items: Sequence[tuple[bytes, int, int, int]], is_write: bool
     ) -> list[tuple[int, int]]:
-        """RDMA_XFER of ``(key, addr, length, value_offset)`` items in registered memory.
+        """RDMA_XFER of `(key, addr, length, value_offset)` items in registered memory.
 
-        Per-item ``(status, value length)``. A server that does not advertise RDMA_XFER
+        Per-item `(status, value length)`. A server that does not advertise RDMA_XFER
         gets nothing sent: every item is UNSUPPORTED.
         """
         if not self.info.xfer:

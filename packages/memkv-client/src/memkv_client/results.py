@@ -19,11 +19,11 @@ class ResultKind(enum.StrEnum):
 
 
 class ItemResult(int):
-    """One item's outcome: an ``int`` that is 1 for OK and 0 otherwise, with the detail.
+    """One item's outcome: an `int` that is 1 for OK and 0 otherwise, with the detail.
 
-    The vendor's documented contract is a per-item hit flag: ``result == True`` holds
-    exactly for a stored/read item (``bool`` cannot be subclassed, so this is an
-    ``int`` equal to ``True`` or ``False``). ``kind`` and ``cause`` keep the detail.
+    The vendor's documented contract is a per-item hit flag: `result == True` holds
+    exactly for a stored/read item (`bool` cannot be subclassed, so this is an
+    `int` equal to `True` or `False`). `kind` and `cause` keep the detail.
     """
 
     kind: ResultKind
@@ -51,7 +51,7 @@ MISS = ItemResult(ResultKind.MISS, "not found")
 
 
 def result_from_status(code: int, stored_len: int = 0) -> ItemResult:
-    """Map a per-item wire status to an :class:`ItemResult`."""
+    """Map a per-item wire status to an `ItemResult`."""
     if code == Status.OK:
         return OK
     if code == Status.NOT_FOUND:

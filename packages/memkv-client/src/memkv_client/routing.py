@@ -14,7 +14,7 @@ __all__ = ["Router", "hrw_score"]
 
 
 def hrw_score(server: str, key: bytes) -> int:
-    """Score of ``key`` on ``server`` (stable across processes and versions)."""
+    """Score of `key` on `server` (stable across processes and versions)."""
     digest = hashlib.blake2b(server.encode() + b"\x00" + key, digest_size=8).digest()
     return int.from_bytes(digest, "little")
 
@@ -28,12 +28,12 @@ class Router:
         self.servers = tuple(servers)
 
     def rank(self, key: bytes) -> list[int]:
-        """All server indices for ``key``, best first."""
+        """All server indices for `key`, best first."""
         scores = [(hrw_score(s, key), i) for i, s in enumerate(self.servers)]
         return [i for _, i in sorted(scores, reverse=True)]
 
     def route(self, key: bytes) -> int:
-        """Index of the server that owns ``key``."""
+        """Index of the server that owns `key`."""
         if len(self.servers) == 1:
             return 0
         best, best_i = -1, 0
@@ -44,7 +44,7 @@ class Router:
         return best_i
 
     def group(self, keys: Sequence[bytes]) -> dict[int, list[int]]:
-        """Positions of ``keys`` grouped by owning server, input order kept in each group."""
+        """Positions of `keys` grouped by owning server, input order kept in each group."""
         groups: dict[int, list[int]] = {}
         for pos, key in enumerate(keys):
             groups.setdefault(self.route(key), []).append(pos)

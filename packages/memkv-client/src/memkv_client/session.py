@@ -1,8 +1,8 @@
 """One authenticated TCP connection to one server, speaking the MemKV protocol.
 
-A session is used by one thread at a time (the pool in :mod:`.pool` hands it out).
-Values move zero-copy: requests ``sendall`` straight from the caller's buffers and
-replies ``recv_into`` the caller's buffers. Any failure mid-request marks the session
+A session is used by one thread at a time (the pool in `.pool` hands it out).
+Values move zero-copy: requests `sendall` straight from the caller's buffers and
+replies `recv_into` the caller's buffers. Any failure mid-request marks the session
 broken; it is then closed and never reused.
 
 Freshness: HELLO carries a random client nonce and the reply is signed under a key
@@ -43,7 +43,7 @@ __all__ = ["TcpSession"]
 class TcpSession:
     """A connected, version-negotiated session."""
 
-    rdma = False  #: one-sided RDMA data path (``batch_xfer`` needs it)
+    rdma = False  #: one-sided RDMA data path (`batch_xfer` needs it)
 
     def __init__(self, address: str, config: Config, signer: Signer, bind: str | None = None):
         self.address = address
@@ -222,7 +222,7 @@ class TcpSession:
     def get_into(self, items: Sequence[tuple[bytes, memoryview]]) -> list[tuple[int, int]]:
         """Read values full-length-or-miss into the views; per-item (status, stored length).
 
-        A value whose bytes do not match the digest the server sent is ``BAD_MAC`` (its
+        A value whose bytes do not match the digest the server sent is `BAD_MAC` (its
         buffer content is then unspecified).
         """
         meta = p.encode_key_lengths([(k, len(v)) for k, v in items])

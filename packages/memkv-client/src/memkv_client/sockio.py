@@ -1,4 +1,4 @@
-"""Blocking socket I/O shared by client sessions and the server: ``host:port`` parsing,
+"""Blocking socket I/O shared by client sessions and the server: `host:port` parsing,
 exact reads, scatter reads into many buffers, gathered sends. No protocol knowledge."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = [
 
 
 def parse_address(text: str, allow_port_zero: bool = False) -> tuple[str, int]:
-    """Split ``host:port`` (IPv6 as ``[addr]:port``); raises ValueError."""
+    """Split `host:port` (IPv6 as `[addr]:port`); raises ValueError."""
     host, sep, port_s = text.strip().rpartition(":")
     if not sep or not host:
         raise ValueError(f"{text!r} is not host:port")
@@ -53,7 +53,7 @@ _LOWAT_MIN = 128 << 10  # below this it leaves the mark at 1
 
 
 def arm(sock: socket.socket, deadline: float | None) -> None:
-    """Make the next blocking call on ``sock`` time out at ``deadline`` (monotonic
+    """Make the next blocking call on `sock` time out at `deadline` (monotonic
     seconds; None leaves the timeout alone). Raises TimeoutError if it has passed."""
     if deadline is None:
         return
@@ -64,8 +64,8 @@ def arm(sock: socket.socket, deadline: float | None) -> None:
 
 
 def recv_exact_into(sock: socket.socket, view: memoryview, deadline: float | None = None) -> None:
-    """Fill ``view`` completely from ``sock`` by ``deadline``; EOF raises
-    :class:`TransportError`, a passed deadline TimeoutError."""
+    """Fill `view` completely from `sock` by `deadline`; EOF raises
+    `TransportError`, a passed deadline TimeoutError."""
     got, n = 0, len(view)
     while got < n:
         arm(sock, deadline)
@@ -83,16 +83,15 @@ def recv_views_into(
     deadline: float | None = None,
 ) -> None:
     """Fill every view in order, as many per syscall as the socket has data for, by
-    ``deadline`` (monotonic seconds) if one is given.
+    `deadline` (monotonic seconds) if one is given.
 
-    One ``recvmsg_into`` scatters the stream over up to ``_IOV_MAX`` views, so a value
+    One `recvmsg_into` scatters the stream over up to `_IOV_MAX` views, so a value
     held in many blocks (or several values of one reply) costs a few large copies
-    instead of one syscall per block. EOF raises :class:`TransportError`.
+    instead of one syscall per block. EOF raises `TransportError`.
 
-    ``batch_wakeups`` (for large values): raise ``SO_RCVLOWAT`` so a call returns once
-    about ``_LOWAT_MAX`` bytes are there instead of as soon as any are; that cut the
-    server's CPU per byte on 16 MiB puts by about a quarter (and the client's on gets
-    by about 15%). The mark is at most half of the bytes still to
+    `batch_wakeups` (for large values): raise `SO_RCVLOWAT` so a call returns once
+    about `_LOWAT_MAX` bytes are there instead of as soon as any are (fewer wakeups per
+    byte; docs/benchmarks.md has the measurement). The mark is at most half of the bytes still to
     come for these views, so the data that wakes the reader is always on its way: a
     blocking reader that copied part of what it waits for still sees the mark reached
     by the rest. It is reset to 1 before returning.
@@ -144,7 +143,7 @@ def send_views(
     deadline: float | None = None,
 ) -> None:
     """Send the frame prefix then every bulk view (no joining, no copies of bulk data),
-    all of it by ``deadline`` (monotonic seconds) if one is given."""
+    all of it by `deadline` (monotonic seconds) if one is given."""
     first = views[0] if views else memoryview(b"")
     if len(first) <= 65536:  # small values ride with the header in one syscall
         arm(sock, deadline)

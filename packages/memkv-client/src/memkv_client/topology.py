@@ -1,19 +1,19 @@
-"""GPU ↔ RDMA NIC PCIe affinity from sysfs, in the ``nvidia-smi topo`` vocabulary.
+"""GPU ↔ RDMA NIC PCIe affinity from sysfs, in the `nvidia-smi topo` vocabulary.
 
 GPUs are NVIDIA PCI display/3D controllers, numbered in PCI bus order (the order CUDA
-uses with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``). NICs are the devices under
-``/sys/class/infiniband``. The level between two devices comes from their sysfs PCI
-paths (``/sys/devices/pci0000:00/0000:00:01.0/...``):
+uses with `CUDA_DEVICE_ORDER=PCI_BUS_ID`). NICs are the devices under
+`/sys/class/infiniband`. The level between two devices comes from their sysfs PCI
+paths (`/sys/devices/pci0000:00/0000:00:01.0/...`):
 
-* ``PIX``: at most one PCIe switch (bridge) between them;
-* ``PXB``: several bridges, but not the host bridge;
-* ``PHB``: through the PCIe host bridge of one root complex;
-* ``NODE``: different root complexes on one NUMA node;
-* ``SYS``: across NUMA nodes; ``UNKNOWN`` when sysfs does not say.
+* `PIX`: at most one PCIe switch (bridge) between them;
+* `PXB`: several bridges, but not the host bridge;
+* `PHB`: through the PCIe host bridge of one root complex;
+* `NODE`: different root complexes on one NUMA node;
+* `SYS`: across NUMA nodes; `UNKNOWN` when sysfs does not say.
 
-:func:`choose_nic` is what a rank uses at startup: the NIC on its own GPU's PCIe switch,
-among the candidates ``MEMKV_RDMA_DEVICES`` leaves (all NICs with an active port when it
-is unset); ``memkv net topo`` prints every GPU's choice.
+`choose_nic` is what a rank uses at startup: the NIC on its own GPU's PCIe switch,
+among the candidates `MEMKV_RDMA_DEVICES` leaves (all NICs with an active port when it
+is unset); `memkv net topo` prints every GPU's choice.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def list_gpus(sysfs: str | Path = "/sys") -> list[PciDevice]:
 
 
 def list_nics(sysfs: str | Path = "/sys", devices: list[str] | None = None) -> list[PciDevice]:
-    """RDMA devices (optionally only those named in ``devices``), by name."""
+    """RDMA devices (optionally only those named in `devices`), by name."""
     base = Path(sysfs) / "class" / "infiniband"
     try:
         names = sorted(p.name for p in base.iterdir())
@@ -111,7 +111,7 @@ def list_nics(sysfs: str | Path = "/sys", devices: list[str] | None = None) -> l
 
 
 def level(a: PciDevice, b: PciDevice) -> str:
-    """The ``nvidia-smi topo`` level between two PCI devices."""
+    """The `nvidia-smi topo` level between two PCI devices."""
     if a.path[0] != b.path[0]:
         if a.numa >= 0 and a.numa == b.numa:
             return "NODE"
@@ -131,7 +131,7 @@ def level(a: PciDevice, b: PciDevice) -> str:
 def rdma_affinity(
     gpu: int, devices: list[str] | None = None, sysfs: str | Path = "/sys"
 ) -> list[tuple[str, str]]:
-    """``[(nic, level), ...]`` for GPU ``gpu``, closest first; ``[]`` if unknown."""
+    """`[(nic, level), ...]` for GPU `gpu`, closest first; `[]` if unknown."""
     gpus = list_gpus(sysfs)
     if not 0 <= gpu < len(gpus):
         return []
@@ -143,13 +143,13 @@ def rdma_affinity(
 def select_rail(
     gpu: int, devices: list[str] | None = None, sysfs: str | Path = "/sys"
 ) -> str | None:
-    """The NIC closest to GPU ``gpu`` (ties by name), or None if there is none."""
+    """The NIC closest to GPU `gpu` (ties by name), or None if there is none."""
     ranked = rdma_affinity(gpu, devices, sysfs)
     return ranked[0][0] if ranked else None
 
 
 def host_has_nic_per_gpu(sysfs: str | Path = "/sys") -> bool:
-    """True if every GPU has a NIC at ``PIX`` level (GPUDirect can reach line rate)."""
+    """True if every GPU has a NIC at `PIX` level (GPUDirect can reach line rate)."""
     gpus = list_gpus(sysfs)
     if not gpus:
         return False
@@ -159,7 +159,7 @@ def host_has_nic_per_gpu(sysfs: str | Path = "/sys") -> bool:
 
 
 def affinity_table(sysfs: str | Path = "/sys") -> str:
-    """The human-readable table ``memkv net topo`` prints."""
+    """The human-readable table `memkv net topo` prints."""
     gpus, nics = list_gpus(sysfs), list_nics(sysfs)
     if not gpus and not nics:
         return "no GPUs/NICs found"
@@ -177,7 +177,7 @@ def affinity_table(sysfs: str | Path = "/sys") -> str:
 
 
 def choice_table(sysfs: str | Path = "/sys", env: Mapping[str, str] | None = None) -> str:
-    """One line per GPU: the NIC :func:`choose_nic` gives it (``memkv net topo``)."""
+    """One line per GPU: the NIC `choose_nic` gives it (`memkv net topo`)."""
     gpus = list_gpus(sysfs)
     lines = [f"GPU{i} -> {choose_nic(i, sysfs, env).describe()}" for i in range(len(gpus))]
     return "\n".join(lines) or f"no GPU: {choose_nic(None, sysfs, env).describe()}"
@@ -209,14 +209,14 @@ def _port_active(sysfs: Path, nic: str) -> bool:
 
 
 def link_layer(nic: str, sysfs: str | Path = "/sys") -> str:
-    """``InfiniBand`` / ``Ethernet`` (RoCE) of the NIC's first port, ``?`` if unknown."""
+    """`InfiniBand` / `Ethernet` (RoCE) of the NIC's first port, `?` if unknown."""
     ports = Path(sysfs) / "class" / "infiniband" / nic / "ports"
     layers = [_read(p / "link_layer") for p in sorted(ports.glob("*"))] if ports.is_dir() else []
     return next((x for x in layers if x), "?")
 
 
 def physical_gpu(index: int, env: Mapping[str, str] | None = None) -> int:
-    """The PCI-order GPU behind CUDA device ``index`` (``CUDA_VISIBLE_DEVICES`` renumbers)."""
+    """The PCI-order GPU behind CUDA device `index` (`CUDA_VISIBLE_DEVICES` renumbers)."""
     visible = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES", "")
     ids = [v.strip() for v in visible.split(",") if v.strip()]
     if ids and all(v.isdigit() for v in ids) and 0 <= index < len(ids):
@@ -227,11 +227,11 @@ def physical_gpu(index: int, env: Mapping[str, str] | None = None) -> int:
 def choose_nic(
     gpu: int | None, sysfs: str | Path = "/sys", env: Mapping[str, str] | None = None
 ) -> NicChoice:
-    """The NIC GPU ``gpu`` (CUDA index) should drive RDMA through.
+    """The NIC GPU `gpu` (CUDA index) should drive RDMA through.
 
-    Candidates are the NICs named in ``MEMKV_RDMA_DEVICES`` (comma-separated; use it to
+    Candidates are the NICs named in `MEMKV_RDMA_DEVICES` (comma-separated; use it to
     drop NICs of another fabric), else every NIC whose port is active. The closest one
-    wins (``PIX``: on the GPU's own PCIe switch); equally close NICs are spread over GPUs
+    wins (`PIX`: on the GPU's own PCIe switch); equally close NICs are spread over GPUs
     by GPU number, so ranks that share no switch with a NIC do not all pile onto one.
     """
     env = os.environ if env is None else env

@@ -1,9 +1,9 @@
-"""The verbs backend interface, and its implementation over Debian's ``python3-pyverbs``.
+"""The verbs backend interface, and its implementation over Debian's `python3-pyverbs`.
 
-The RDMA engine (:mod:`.rdma`) only ever talks to :class:`VerbsBackend` and
-:class:`QueuePair`: register memory, create an RC queue pair, exchange endpoints,
+The RDMA engine (`.rdma`) only ever talks to `VerbsBackend` and
+`QueuePair`: register memory, create an RC queue pair, exchange endpoints,
 post one-sided READ/WRITE, poll completions. pyverbs is imported lazily, inside
-:func:`open_verbs_backend`, so this package imports on any Linux host.
+`open_verbs_backend`, so this package imports on any Linux host.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ _DEBIAN_DIST = "/usr/lib/python3/dist-packages"
 
 @dataclass(frozen=True)
 class MemoryRegion:
-    """Registered memory: ``[addr, addr + length)`` with its local and remote keys."""
+    """Registered memory: `[addr, addr + length)` with its local and remote keys."""
 
     addr: int
     length: int
@@ -64,19 +64,19 @@ class QueuePair(abc.ABC):
 
     @abc.abstractmethod
     def connect(self, remote: bytes) -> None:
-        """Move to ready-to-send against the peer's :meth:`endpoint` data."""
+        """Move to ready-to-send against the peer's `endpoint` data."""
 
     @abc.abstractmethod
     def post_write(
         self, wr_id: int, mr: MemoryRegion, addr: int, length: int, raddr: int, rkey: int
     ) -> None:
-        """One-sided RDMA WRITE of local ``[addr, +length)`` to remote ``raddr``."""
+        """One-sided RDMA WRITE of local `[addr, +length)` to remote `raddr`."""
 
     @abc.abstractmethod
     def post_read(
         self, wr_id: int, mr: MemoryRegion, addr: int, length: int, raddr: int, rkey: int
     ) -> None:
-        """One-sided RDMA READ of remote ``raddr`` into local ``[addr, +length)``."""
+        """One-sided RDMA READ of remote `raddr` into local `[addr, +length)`."""
 
     @abc.abstractmethod
     def poll(self, max_entries: int) -> list[Completion]:
@@ -86,7 +86,7 @@ class QueuePair(abc.ABC):
     def close(self) -> None: ...
 
     def wait(self, wr_ids: Sequence[int], timeout: float) -> list[Completion]:
-        """Poll until every id in ``wr_ids`` completed or ``timeout`` passed."""
+        """Poll until every id in `wr_ids` completed or `timeout` passed."""
         pending = set(wr_ids)
         done: list[Completion] = []
         deadline = time.monotonic() + timeout
@@ -114,7 +114,7 @@ class VerbsBackend(abc.ABC):
 
     @abc.abstractmethod
     def register(self, addr: int, length: int) -> MemoryRegion:
-        """Register ``[addr, +length)`` for local and remote read/write."""
+        """Register `[addr, +length)` for local and remote read/write."""
 
     @abc.abstractmethod
     def deregister(self, mr: MemoryRegion) -> None: ...
@@ -166,7 +166,7 @@ def _import_pyverbs() -> Any:
 
 
 def _enum(name: str) -> int:
-    """A verbs constant by name: pyverbs 44 (``pyverbs.enums``) or 59 (IntEnum classes)."""
+    """A verbs constant by name: pyverbs 44 (`pyverbs.enums`) or 59 (IntEnum classes)."""
     try:
         import pyverbs.enums as flat
 
@@ -183,9 +183,9 @@ def _enum(name: str) -> int:
 def open_verbs_backend(
     devices: Sequence[str], options: dict[str, int] | None = None
 ) -> tuple[VerbsBackend | None, str]:
-    """The first usable device among ``devices`` (all if empty), or ``(None, reason)``.
+    """The first usable device among `devices` (all if empty), or `(None, reason)`.
 
-    ``get_device_list()`` raising (no RDMA stack in the kernel) counts as no device,
+    `get_device_list()` raising (no RDMA stack in the kernel) counts as no device,
     exactly like an empty list.
     """
     try:
@@ -269,9 +269,9 @@ def connect_attrs(
     service_level: int,
     mtu_enum: int,
 ) -> Any:
-    """The ``QPAttr`` for INIT->RTR->RTS of an RC queue pair towards ``peer``.
+    """The `QPAttr` for INIT->RTR->RTS of an RC queue pair towards `peer`.
 
-    ``peer`` is the decoded endpoint ``{"qpn", "psn", "lid", "gid"}``. Needs pyverbs but
+    `peer` is the decoded endpoint `{"qpn", "psn", "lid", "gid"}`. Needs pyverbs but
     no device, so it is tested wherever pyverbs imports.
     """
     from pyverbs.addr import GID, AHAttr, GlobalRoute

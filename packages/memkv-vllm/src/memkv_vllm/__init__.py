@@ -1,7 +1,7 @@
-"""MemKV for vLLM's native KV offloading: a ``"memkv"`` secondary tier for
-``TieringOffloadingSpec`` and the direct ``MemKVOffloadingSpec`` (``memkv_vllm.spec``).
+"""MemKV for vLLM's native KV offloading: a `"memkv"` secondary tier for
+`TieringOffloadingSpec` and the direct `MemKVOffloadingSpec` (`memkv_vllm.spec`).
 
-``register`` is the ``vllm.general_plugins`` entry point ``memkv_tier``; vLLM calls it in
+`register` is the `vllm.general_plugins` entry point `memkv_tier`; vLLM calls it in
 every process. Importing this package does not import vLLM.
 """
 
@@ -22,9 +22,9 @@ _registered = False
 
 
 def register() -> None:
-    """Register the ``"memkv"`` secondary tier type with vLLM (idempotent).
+    """Register the `"memkv"` secondary tier type with vLLM (idempotent).
 
-    Does nothing when ``VLLM_PLUGINS`` is set and does not name ``memkv_tier``.
+    Does nothing when `VLLM_PLUGINS` is set and does not name `memkv_tier`.
     """
     global _registered
     if _registered:

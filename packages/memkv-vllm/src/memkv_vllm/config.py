@@ -1,7 +1,7 @@
 """Validated settings of both modes: the tier entry and the direct spec's extra_config keys.
 
-Each config is a frozen dataclass built by ``from_dict``, which rejects unknown keys and
-bad values with a :class:`ConfigError` naming the key, the value and what is accepted.
+Each config is a frozen dataclass built by `from_dict`, which rejects unknown keys and
+bad values with a `ConfigError` naming the key, the value and what is accepted.
 """
 
 from __future__ import annotations
@@ -60,25 +60,25 @@ def _build(cls: Any, where: str, data: Mapping[str, Any], ignore: frozenset[str]
 
 @dataclass(frozen=True)
 class TierConfig:
-    """Keys of a ``{"type": "memkv", ...}`` entry in ``secondary_tiers``.
+    """Keys of a `{"type": "memkv", ...}` entry in `secondary_tiers`.
 
-    The store keys (``backend``, ``mooncake_*``) are :class:`~.store_config.StoreConfig`'s;
-    MemKV connection settings come from ``MEMKV_CONFIG`` / ``MEMKV_*``.
+    The store keys (`backend`, `mooncake_*`) are `.store_config.StoreConfig`'s;
+    MemKV connection settings come from `MEMKV_CONFIG` / `MEMKV_*`.
     """
 
     prefix: str = "memkv-vllm"
-    """Root of the key namespace (the FileMapper ``root_dir``)."""
+    """Root of the key namespace (the FileMapper `root_dir`)."""
     n_read_threads: int = 8
     """Threads running loads (MemKV -> CPU pool)."""
     n_write_threads: int = 8
     """Threads running stores (CPU pool -> MemKV)."""
     blocks_per_op: int = 8
-    """Blocks per batched ``batch_put_views`` / ``batch_get_into`` call."""
+    """Blocks per batched `batch_put_views` / `batch_get_into` call."""
     max_store_backlog_mb: int = 2048
     """Queued store bytes above which new store jobs are shed (an empty backlog always
     admits one job)."""
     lookup_timeout_s: float = 5.0
-    """An ``exists`` round that has not answered after this long resolves as MISS."""
+    """An `exists` round that has not answered after this long resolves as MISS."""
     lookup_hit_ttl_s: float = 30.0
     """How long a lookup answer of 'present' is reused without asking again."""
     lookup_miss_ttl_s: float = 1.0
@@ -103,7 +103,7 @@ class TierConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TierConfig:
-        """Validate a tier entry; raises :class:`ConfigError` naming the offending key."""
+        """Validate a tier entry; raises `ConfigError` naming the offending key."""
         from .store_config import store_keys
 
         ignore = cls.VLLM_KEYS | store_keys("")
@@ -121,7 +121,7 @@ SCRATCH_MEDIA = ("auto", "host", "gpu")
 
 @dataclass(frozen=True)
 class DirectConfig:
-    """The ``memkv_*`` keys of ``kv_connector_extra_config`` for ``MemKVOffloadingSpec``."""
+    """The `memkv_*` keys of `kv_connector_extra_config` for `MemKVOffloadingSpec`."""
 
     memkv_scratch_medium: str = "auto"
     """Where each rank gathers blocks before they move: auto | host | gpu."""
@@ -130,13 +130,13 @@ class DirectConfig:
     memkv_scratch_mb_per_thread: int = 128
     """Scratch bytes per thread; bounds the blocks moved per batched call (at most 64)."""
     memkv_wait_timeout_s: float = 120.0
-    """Longest a ``wait()`` for a transfer may block before the job is failed."""
+    """Longest a `wait()` for a transfer may block before the job is failed."""
     memkv_lookup_hit_ttl: float = 30.0
     """Seconds a 'present' lookup answer is reused."""
     memkv_lookup_miss_ttl: float = 1.0
     """Seconds an 'absent' lookup answer is reused."""
     memkv_lookup_timeout_s: float = 5.0
-    """An ``exists`` round that has not answered after this long resolves as MISS."""
+    """An `exists` round that has not answered after this long resolves as MISS."""
     memkv_spec_prefix: str = ""
     """Extra namespace folded into the key digest (separates deployments)."""
     memkv_publish_timeout_s: float = 60.0
@@ -154,7 +154,7 @@ class DirectConfig:
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any]) -> DirectConfig:
-        """Pick and validate the ``memkv_*`` keys (other keys belong to vLLM)."""
+        """Pick and validate the `memkv_*` keys (other keys belong to vLLM)."""
         from .store_config import store_keys
 
         store = store_keys("memkv_")

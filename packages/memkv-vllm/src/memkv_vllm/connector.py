@@ -1,12 +1,12 @@
-"""``MemKVOffloadingConnector``: vLLM's ``OffloadingConnector`` that recomputes failed loads.
+"""`MemKVOffloadingConnector`: vLLM's `OffloadingConnector` that recomputes failed loads.
 
-Select it with ``"kv_connector": "MemKVOffloadingConnector", "kv_connector_module_path":
-"memkv_vllm.connector", "kv_load_failure_policy": "recompute"`` and the direct spec in
-``kv_connector_extra_config``. It is ``OffloadingConnector`` unchanged, plus the one hook
-vLLM offers for connectors whose loads can fail, ``get_block_ids_with_load_errors``: a
+Select it with `"kv_connector": "MemKVOffloadingConnector", "kv_connector_module_path":
+"memkv_vllm.connector", "kv_load_failure_policy": "recompute"` and the direct spec in
+`kv_connector_extra_config`. It is `OffloadingConnector` unchanged, plus the one hook
+vLLM offers for connectors whose loads can fail, `get_block_ids_with_load_errors`: a
 value that vanished from MemKV between lookup and load (evicted, server restarted) is
-recomputed by vLLM instead of stopping the engine (see :mod:`~.load_errors`). With any
-other spec it behaves exactly like ``OffloadingConnector``.
+recomputed by vLLM instead of stopping the engine (see `.load_errors`). With any
+other spec it behaves exactly like `OffloadingConnector`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Scheduler side of direct mode: adopts the workers' key prefix, answers lookups.
 
-A block counts as present only if every TP rank's value is (one batched ``exists`` round
+A block counts as present only if every TP rank's value is (one batched `exists` round
 per scheduler step for all of them). Stores are not trusted until MemKV says so: a
 worker that could not store reports success anyway (vLLM cannot take store failures),
-so the lookup cache is never told 'present' by ``complete_store``. Under
-:class:`~.connector.MemKVOffloadingConnector`, a step that reports blocks which could not be
+so the lookup cache is never told 'present' by `complete_store`. Under
+`.connector.MemKVOffloadingConnector`, a step that reports blocks which could not be
 loaded drops every cached answer, so the recomputing request's next lookup asks MemKV.
 """
 

@@ -9,9 +9,9 @@ for the scheduler to adopt.
 vLLM (0.26 - 0.33) asserts that every transfer succeeded. A store that MemKV refused is
 therefore reported as done (the scheduler never trusts stores: lookups ask MemKV). A load
 that could not fill every block (the value vanished between lookup and load) is reported
-as done only under :class:`~.connector.MemKVOffloadingConnector`, which hands the unfilled
-block ids to vLLM's recompute path in the same step (:mod:`~.load_errors`); under the
-plain ``OffloadingConnector`` it is reported as failed, which vLLM turns into an engine
+as done only under `.connector.MemKVOffloadingConnector`, which hands the unfilled
+block ids to vLLM's recompute path in the same step (`.load_errors`); under the
+plain `OffloadingConnector` it is reported as failed, which vLLM turns into an engine
 error rather than silently using wrong KV.
 """
 
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_kv_identity import key_group, weights_fingerprint
 
 from . import _compat as c
+from .block_copy import BlockCopier, mark
 from .jobs import JobOutcome, JobRunner
 from .load_errors import current as current_load_errors
 from .naming import direct_key, prefix_record, publish_key, split_prefix_record
@@ -46,7 +47,7 @@ def _chunks(n: int, size: int) -> Iterable[range]:
 
 
 def choose_scratch_medium(setting: str, device: Any, has_rdma: bool) -> str:
-    """``host`` or ``gpu`` for ``memkv_scratch_medium`` = auto|host|gpu on this rank."""
+    """`host` or `gpu` for `memkv_scratch_medium` = auto|host|gpu on this rank."""
     if device.type != "cuda":
         if setting == "gpu":
             log.warning("memkv-vllm: memkv_scratch_medium=gpu needs a CUDA device; using host")
@@ -88,7 +89,8 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         self._slot = max(self._value_bytes)
         budget = cfg.memkv_scratch_mb_per_thread << 20
         self._blocks_per_op = max(1, min(MAX_BLOCKS_PER_OP, budget // self._slot))
-        device = self._tensors[0].device
+        device = self._device = self._tensors[0].device
+        self._pinned = device.type == "cuda"
         self._kv = open_store(
             StoreConfig.resolve(spec.extra_config, "kv_connector_extra_config", "memkv_"),
             False,
@@ -136,16 +138,19 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
 
     # --- data path (transfer threads) ---------------------------------------------------
 
-    def _scratch(self) -> Any:
-        scratch = getattr(self._local, "scratch", None)
-        if scratch is None:
+    def _copier(self) -> tuple[BlockCopier, Any]:
+        """This transfer thread's copier and its host rows (registered with the store)."""
+        mine = getattr(self._local, "copier", None)
+        if mine is None:
             import torch
 
-            scratch = torch.empty((self._blocks_per_op, self._slot), dtype=torch.int8)
-            self._local.scratch = (scratch, scratch.numpy())
-            self._kv.register(self._local.scratch[1])  # zero-copy where the store can
-            scratch = self._local.scratch
-        return scratch
+            rows = torch.empty(
+                (self._blocks_per_op, self._slot), dtype=torch.int8, pin_memory=self._pinned
+            )
+            raw = rows.numpy()
+            self._kv.register(raw)  # zero-copy where the store can
+            mine = self._local.copier = (BlockCopier(self._tensors, self._groups, rows), raw)
+        return mine
 
     def _plan(self, keys: list[bytes], block_ids: Any) -> list[tuple[bytes, int, int]]:
         ids = [int(b) for b in block_ids]
@@ -157,19 +162,16 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             plan.append((direct_key(self.prefix, self.rank, key), group, block))
         return plan
 
-    def _store(self, keys: list[bytes], block_ids: Any) -> JobOutcome:
+    def _store(self, keys: list[bytes], block_ids: Any, after: Any) -> JobOutcome:
         plan = self._plan(keys, block_ids)
-        scratch, raw = self._scratch()
+        copier, raw = self._copier()
         sent = failed = 0
         for part in _chunks(len(plan), self._blocks_per_op):
-            items = []
-            for slot, i in enumerate(part):
-                name, group, block = plan[i]
-                offset = 0
-                for tidx, size in self._groups[group]:
-                    scratch[slot, offset : offset + size].copy_(self._tensors[tidx][block, :size])
-                    offset += size
-                items.append((name, raw[slot], offset))
+            copier.gather([(plan[i][1], plan[i][2]) for i in part], after)
+            items = [
+                (plan[i][0], raw[slot], self._value_bytes[plan[i][1]])
+                for slot, i in enumerate(part)
+            ]
             for (_, _, n), result in zip(items, self._kv.batch_put(items), strict=True):
                 if result.ok:
                     sent += n
@@ -179,9 +181,9 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             log.warning("memkv-vllm: %d of %d blocks were not stored", failed, len(plan))
         return JobOutcome(success=not failed, nbytes=sent)
 
-    def _load(self, keys: list[bytes], block_ids: Any) -> JobOutcome:
+    def _load(self, keys: list[bytes], block_ids: Any, after: Any) -> JobOutcome:
         plan = self._plan(keys, block_ids)
-        scratch, raw = self._scratch()
+        copier, raw = self._copier()
         got = 0
         missing: list[bytes] = []
         failed_blocks: list[int] = []
@@ -191,17 +193,16 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
                 for slot, i in enumerate(part)
             ]
             results = self._kv.batch_get_into(items)
+            present = []
             for slot, i in enumerate(part):
                 name, group, block = plan[i]
-                if not results[slot]:
+                if results[slot]:
+                    present.append((slot, group, block))
+                    got += self._value_bytes[group]
+                else:
                     missing.append(name)
                     failed_blocks.append(block)
-                    continue
-                offset = 0
-                for tidx, size in self._groups[group]:
-                    self._tensors[tidx][block, :size].copy_(scratch[slot, offset : offset + size])
-                    offset += size
-                got += offset
+            copier.scatter(present, after)
         if missing:
             log.log(
                 logging.ERROR if self._load_errors is None else logging.INFO,
@@ -213,14 +214,14 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
     # --- vLLM's OffloadingWorker --------------------------------------------------------
 
     def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
-        keys, blocks = list(dst_spec.keys), src_spec.block_ids
-        return self._jobs.submit_store(job_id, 0, lambda: self._store(keys, blocks))
+        keys, blocks, after = list(dst_spec.keys), src_spec.block_ids, mark(self._device)
+        return self._jobs.submit_store(job_id, 0, lambda: self._store(keys, blocks, after))
 
     def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, **_: Any) -> bool:
-        keys, blocks = list(src_spec.keys), dst_spec.block_ids
+        keys, blocks, after = list(src_spec.keys), dst_spec.block_ids, mark(self._device)
         if self._load_errors is not None:
             self._load_blocks[job_id] = [int(b) for b in blocks]
-        self._jobs.submit_load(job_id, lambda: self._load(keys, blocks))
+        self._jobs.submit_load(job_id, lambda: self._load(keys, blocks, after))
         return True
 
     def get_finished(self) -> list[Any]:

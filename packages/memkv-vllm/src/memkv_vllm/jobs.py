@@ -1,7 +1,7 @@
 """Thread pools that run transfer jobs off the scheduler thread, and their results.
 
 Loads and stores have separate pools so a store backlog never delays a load. Stores
-are shed once the queued store bytes would exceed ``max_backlog_bytes`` (an empty
+are shed once the queued store bytes would exceed `max_backlog_bytes` (an empty
 backlog always admits one job). Results are polled, never called back. No vLLM import.
 """
 
@@ -20,7 +20,7 @@ __all__ = ["Finished", "JobOutcome", "JobRunner"]
 
 @dataclass
 class JobOutcome:
-    """What one job did: ``ok_keys`` are the keys that made it (all of them on success)."""
+    """What one job did: `ok_keys` are the keys that made it (all of them on success)."""
 
     success: bool
     ok_keys: Collection[Any] = ()

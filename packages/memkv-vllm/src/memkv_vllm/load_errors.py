@@ -1,19 +1,19 @@
 """Direct mode's failed loads, routed into vLLM's own recompute path.
 
-vLLM's ``OffloadingConnector`` asserts that every worker transfer succeeded, so a value
+vLLM's `OffloadingConnector` asserts that every worker transfer succeeded, so a value
 that vanished from MemKV between lookup and load (evicted, or the server restarted) would
-stop the engine. :class:`~.connector.MemKVOffloadingConnector` opens a :class:`LoadErrors`
-while vLLM builds its spec's manager and worker (:func:`attached`); the direct manager and
-worker pick it up with :func:`current`:
+stop the engine. `.connector.MemKVOffloadingConnector` opens a `LoadErrors`
+while vLLM builds its spec's manager and worker (`attached`); the direct manager and
+worker pick it up with `current`:
 
 * worker side: the worker reports such a load as done and hands the GPU block ids it could
-  not fill to :meth:`LoadErrors.add_blocks`; the connector returns them from
-  ``get_block_ids_with_load_errors`` in the same step, and vLLM's scheduler recomputes
-  from the first bad block (``kv_load_failure_policy="recompute"``).
-* scheduler side: when a step reports bad blocks, :meth:`LoadErrors.scheduler_saw_failure`
+  not fill to `LoadErrors.add_blocks`; the connector returns them from
+  `get_block_ids_with_load_errors` in the same step, and vLLM's scheduler recomputes
+  from the first bad block (`kv_load_failure_policy="recompute"`).
+* scheduler side: when a step reports bad blocks, `LoadErrors.scheduler_saw_failure`
   tells the manager, which drops its cached lookup answers so the retry asks MemKV again.
 
-Without the connector, :func:`current` is None and the worker keeps failing such loads
+Without the connector, `current` is None and the worker keeps failing such loads
 (vLLM then stops rather than use the unfilled blocks). No vLLM import.
 """
 
@@ -58,7 +58,7 @@ _current: ContextVar[LoadErrors | None] = ContextVar("memkv_vllm_load_errors", d
 
 @contextlib.contextmanager
 def attached(errors: LoadErrors) -> Iterator[LoadErrors]:
-    """Make ``errors`` what :func:`current` returns while vLLM builds the manager/worker."""
+    """Make `errors` what `current` returns while vLLM builds the manager/worker."""
     token = _current.set(errors)
     try:
         yield errors

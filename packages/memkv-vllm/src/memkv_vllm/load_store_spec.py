@@ -1,4 +1,4 @@
-"""The direct mode's ``LoadStoreSpec``: built by the scheduler side, read by the workers."""
+"""The direct mode's `LoadStoreSpec`: built by the scheduler side, read by the workers."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""Batched asynchronous presence lookups: one ``exists`` round per scheduler step.
+"""Batched asynchronous presence lookups: one `exists` round per scheduler step.
 
-vLLM asks about one key at a time and must never block. :meth:`BatchedLookup.query`
+vLLM asks about one key at a time and must never block. `BatchedLookup.query`
 answers from a small TTL cache, or queues the key and answers PENDING (vLLM's RETRY).
-:meth:`BatchedLookup.flush` (called once per scheduler step) sends every queued key in one
-``exists`` call on a background thread; its answers land in the cache for the next step.
-A round that errors, or is still unanswered after ``timeout`` seconds, resolves its keys
+`BatchedLookup.flush` (called once per scheduler step) sends every queued key in one
+`exists` call on a background thread; its answers land in the cache for the next step.
+A round that errors, or is still unanswered after `timeout` seconds, resolves its keys
 as absent, so a dead server degrades to recompute instead of stalling requests.
 No vLLM import.
 """
@@ -31,12 +31,11 @@ class Answer(enum.Enum):
 
 
 class BatchedLookup:
-    """TTL-cached, batched ``exists`` lookups; thread-safe.
+    """TTL-cached, batched `exists` lookups; thread-safe.
 
-    :param exists: the batched probe (``Client.exists``): names -> presence flags.
-    :param hit_ttl: seconds a 'present' answer is reused.
-    :param miss_ttl: seconds an 'absent' answer is reused.
-    :param timeout: seconds after which an unanswered round resolves as absent.
+    `exists` is the batched probe (`Client.exists`: names -> presence flags); a 'present'
+    answer is reused for `hit_ttl` seconds, an 'absent' one for `miss_ttl`; a round still
+    unanswered after `timeout` seconds resolves as absent.
     """
 
     MAX_CACHED = 1 << 20
@@ -85,7 +84,7 @@ class BatchedLookup:
         return Answer.PENDING if Answer.PENDING in answers else Answer.HIT
 
     def flush(self) -> None:
-        """Start one ``exists`` round for every queued name (if none is in flight)."""
+        """Start one `exists` round for every queued name (if none is in flight)."""
         with self._lock:
             self._collect_locked()
             if self._round is not None or not self._queued:
@@ -98,7 +97,7 @@ class BatchedLookup:
             self.rounds += 1
 
     def mark(self, names: Iterable[bytes], present: bool, ttl: float | None = None) -> None:
-        """Record what a store or load just proved about ``names``."""
+        """Record what a store or load just proved about `names`."""
         with self._lock:
             expires = self._clock() + (
                 ttl if ttl is not None else (self._hit_ttl if present else self._miss_ttl)
@@ -110,7 +109,7 @@ class BatchedLookup:
                     self._marked[n] = expires
 
     def peek_all(self, names: Iterable[bytes]) -> Answer:
-        """Like :meth:`query_all` from the cache only: queues nothing."""
+        """Like `query_all` from the cache only: queues nothing."""
         now = self._clock()
         with self._lock:
             known = [self._known.get(n) for n in names]
@@ -119,7 +118,7 @@ class BatchedLookup:
         return Answer.HIT if all(k is not None and k[0] for k in known) else Answer.MISS
 
     def invalidate(self, names: Iterable[bytes]) -> None:
-        """Drop the cached answers for ``names``: the next query asks MemKV again."""
+        """Drop the cached answers for `names`: the next query asks MemKV again."""
         with self._lock:
             for n in names:
                 self._known.pop(n, None)
@@ -128,7 +127,7 @@ class BatchedLookup:
 
     def forget(self) -> None:
         """Drop every cached answer, and the answers of a round still in flight (vLLM's
-        ``reset_cache``, or a load that found a value gone)."""
+        `reset_cache`, or a load that found a value gone)."""
         with self._lock:
             self._known.clear()
             if self._round is not None:

@@ -1,8 +1,8 @@
 """The tier's Prometheus metrics: names, definitions for vLLM, and a thread-safe recorder.
 
-Transfer threads record into plain counters; ``take()`` (called from vLLM's
-``get_stats`` on the scheduler thread) turns the deltas into vLLM's stats object and
-resets them. Counters show up in ``/metrics`` with a ``_total`` suffix.
+Transfer threads record into plain counters; `take()` (called from vLLM's
+`get_stats` on the scheduler thread) turns the deltas into vLLM's stats object and
+resets them. Counters show up in `/metrics` with a `_total` suffix.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 
 
 def metric_definitions() -> dict[str, Any]:
-    """``build_metric_definitions`` for vLLM (metadata classes from its base module)."""
+    """`build_metric_definitions` for vLLM (metadata classes from its base module)."""
     from . import _compat as c
 
     out: dict[str, Any] = {}
@@ -62,7 +62,7 @@ def metric_definitions() -> dict[str, Any]:
 
 
 class TierMetrics:
-    """Accumulates observations from any thread; ``take`` hands them to vLLM."""
+    """Accumulates observations from any thread; `take` hands them to vLLM."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -88,7 +88,7 @@ class TierMetrics:
             self._samples[(name, labels)].append(value)
 
     def take(self) -> Any:
-        """An ``OffloadingConnectorStats`` with everything since the last call, or None."""
+        """An `OffloadingConnectorStats` with everything since the last call, or None."""
         with self._lock:
             counters, self._counters = self._counters, defaultdict(float)
             samples, self._samples = self._samples, defaultdict(list)

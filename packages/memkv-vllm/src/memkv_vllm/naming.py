@@ -1,10 +1,10 @@
 """MemKV key names for both modes. No vLLM import: the FileMapper is passed in.
 
 Tier mode: vLLM's FileMapper path of the chunk with the weights fingerprint folded into
-the run folder, ``<prefix>/<model>_<configdigest>_w<fingerprint>_r<rank>/<hhh>/<hh>_g<g>/<hash>.bin``.
-Names longer than :data:`MAX_NAME` become ``memkv-vt:<blake2b-256 hex>``.
+the run folder, `<prefix>/<model>_<configdigest>_w<fingerprint>_r<rank>/<hhh>/<hh>_g<g>/<hash>.bin`.
+Names longer than `MAX_NAME` become `memkv-vt:<blake2b-256 hex>`.
 
-Direct mode: binary ``b"mkvd1" + digest(12) + rank(2, big endian) + OffloadKey``, where the
+Direct mode: binary `b"mkvd1" + digest(12) + rank(2, big endian) + OffloadKey`, where the
 digest covers model, weights fingerprint, dtype, TP size, block size, KV layout and the
 user prefix.
 """
@@ -117,5 +117,5 @@ def direct_key(prefix: bytes, rank: int, offload_key: bytes) -> bytes:
 
 
 def publish_key(engine_id: str, rank: int) -> bytes:
-    """Where worker ``rank`` of engine ``engine_id`` publishes its key prefix."""
+    """Where worker `rank` of engine `engine_id` publishes its key prefix."""
     return f"memkv-vllm/publish/{engine_id}/r{rank}".encode()

@@ -1,9 +1,9 @@
-"""``MemKVOffloadingSpec``: MemKV as vLLM's direct offload medium (no CPU pool in front).
+"""`MemKVOffloadingSpec`: MemKV as vLLM's direct offload medium (no CPU pool in front).
 
-``"spec_name": "MemKVOffloadingSpec", "spec_module_path": "memkv_vllm.spec"``. The
-scheduler side is :class:`~.direct_manager.MemKVDirectManager`, the worker side
-:class:`~.direct_worker.MemKVDirectWorker`; settings are the ``memkv_*`` keys of
-``kv_connector_extra_config`` (:class:`~.config.DirectConfig`).
+`"spec_name": "MemKVOffloadingSpec", "spec_module_path": "memkv_vllm.spec"`. The
+scheduler side is `.direct_manager.MemKVDirectManager`, the worker side
+`.direct_worker.MemKVDirectWorker`; settings are the `memkv_*` keys of
+`kv_connector_extra_config` (`.config.DirectConfig`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The store interface both modes talk to, and its per-item result.
 
-The tier and the direct mode move KV through a :class:`KVStore`: batched presence probes,
+The tier and the direct mode move KV through a `KVStore`: batched presence probes,
 batched puts from and gets into caller-owned buffers, deletes, small metadata records and
-counters. Two implementations: :class:`~.store_memkv.MemKVStore` (our ``memkv serve``
-cluster through ``memkv_client``) and :class:`~.store_mooncake.MooncakeStore` (Mooncake
-Store). :func:`open_store` builds the one the configuration names. No vLLM import.
+counters. Two implementations: `.store_memkv.MemKVStore` (our `memkv serve`
+cluster through `memkv_client`) and `.store_mooncake.MooncakeStore` (Mooncake
+Store). `open_store` builds the one the configuration names. No vLLM import.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ if TYPE_CHECKING:
 __all__ = ["Item", "ItemOutcome", "KVStore", "StoreCounters", "open_store"]
 
 Item = tuple[bytes, Any, int]
-"""``(key, buffer, length)``: a writable (get) or readable (put) buffer of ``length`` bytes."""
+"""`(key, buffer, length)`: a writable (get) or readable (put) buffer of `length` bytes."""
 
 
 class ItemOutcome(NamedTuple):
-    """What happened to one item of a batch; truthy only when ``ok``."""
+    """What happened to one item of a batch; truthy only when `ok`."""
 
     ok: bool
     cause: str = ""
@@ -38,7 +38,7 @@ OK = ItemOutcome(True)
 
 @dataclass
 class StoreCounters:
-    """Operation counters every store keeps (what :meth:`KVStore.stats` reports)."""
+    """Operation counters every store keeps (what `KVStore.stats` reports)."""
 
     exists_keys: int = 0
     exists_errors: int = 0
@@ -75,11 +75,11 @@ class KVStore(Protocol):
 
     Values are immutable: a put of a key that is present may keep the old value (both
     backends' values are content-addressed here, so that is harmless). A get fills the
-    buffer completely or reports a miss; it never returns a partial value as ``ok``.
+    buffer completely or reports a miss; it never returns a partial value as `ok`.
     """
 
     backend: str
-    """``memkv`` or ``mooncake`` (for logs and metrics)."""
+    """`memkv` or `mooncake` (for logs and metrics)."""
 
     @property
     def has_rdma(self) -> bool:
@@ -96,15 +96,15 @@ class KVStore(Protocol):
 
     def register(self, buffer: Any) -> None:
         """Announce a long-lived buffer that batch calls will use (zero-copy engines
-        register it for transfers); buffers must stay alive until :meth:`close`."""
+        register it for transfers); buffers must stay alive until `close`."""
         ...
 
     def batch_put(self, items: list[Item]) -> list[ItemOutcome]:
-        """Store each ``(key, buffer, length)``."""
+        """Store each `(key, buffer, length)`."""
         ...
 
     def batch_get_into(self, items: list[Item]) -> list[ItemOutcome]:
-        """Fill each buffer with the key's value of exactly ``length`` bytes."""
+        """Fill each buffer with the key's value of exactly `length` bytes."""
         ...
 
     def delete(self, keys: list[bytes]) -> list[ItemOutcome]:
@@ -127,9 +127,9 @@ class KVStore(Protocol):
 
 
 def open_store(config: StoreConfig, probe: bool, who: str, gpu: int | None = None) -> KVStore:
-    """The store ``config.backend`` names; with ``probe``, fail now if it is unreachable.
+    """The store `config.backend` names; with `probe`, fail now if it is unreachable.
 
-    ``gpu`` is the caller's GPU index (Mooncake over RDMA picks the NIC next to it).
+    `gpu` is the caller's GPU index (Mooncake over RDMA picks the NIC next to it).
     """
     if config.backend == "mooncake":
         from .store_mooncake import MooncakeStore

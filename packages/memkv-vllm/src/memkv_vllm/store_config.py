@@ -1,17 +1,17 @@
-"""Which store backs memkv-vllm, and how to reach it: :class:`StoreConfig`.
+"""Which store backs memkv-vllm, and how to reach it: `StoreConfig`.
 
 Each key is looked up in order, the first source that has it wins:
 
-1. the vLLM config: the tier entry in ``secondary_tiers`` (``"backend": "mooncake"``), or
-   ``kv_connector_extra_config`` of the direct spec with the ``memkv_`` prefix
-   (``"memkv_backend": "mooncake"``);
-2. the ``MEMKV_CONFIG`` YAML file (``backend: mooncake``);
-3. the environment, ``MEMKV_`` + the key in capitals (``MEMKV_BACKEND=mooncake``);
+1. the vLLM config: the tier entry in `secondary_tiers` (`"backend": "mooncake"`), or
+   `kv_connector_extra_config` of the direct spec with the `memkv_` prefix
+   (`"memkv_backend": "mooncake"`);
+2. the `MEMKV_CONFIG` YAML file (`backend: mooncake`);
+3. the environment, `MEMKV_` + the key in capitals (`MEMKV_BACKEND=mooncake`);
 4. the defaults below.
 
-A bad value fails startup with a :class:`~.config.ConfigError` naming the key, where it
+A bad value fails startup with a `.config.ConfigError` naming the key, where it
 came from and what is accepted. The memkv backend's own connection settings (servers,
-auth key, transport) stay with ``memkv_client`` (same file and ``MEMKV_*`` variables).
+auth key, transport) stay with `memkv_client` (same file and `MEMKV_*` variables).
 """
 
 from __future__ import annotations
@@ -37,18 +37,18 @@ class StoreConfig:
     """The store settings shared by both modes (keys as written in YAML and tier entries)."""
 
     backend: str = "memkv"
-    """``memkv`` (``memkv serve`` cluster) or ``mooncake`` (Mooncake Store)."""
+    """`memkv` (`memkv serve` cluster) or `mooncake` (Mooncake Store)."""
     mooncake_master: str = ""
-    """``host:port`` of ``mooncake_master``'s RPC service (required for mooncake)."""
+    """`host:port` of `mooncake_master`'s RPC service (required for mooncake)."""
     mooncake_metadata_server: str = ""
-    """Transfer-engine metadata service: ``http://host:port/metadata`` (the master's
-    embedded one with ``--enable_http_metadata_server=true``), ``etcd://host:port``,
-    ``redis://host:port`` or ``P2PHANDSHAKE`` (required for mooncake)."""
+    """Transfer-engine metadata service: `http://host:port/metadata` (the master's
+    embedded one with `--enable_http_metadata_server=true`), `etcd://host:port`,
+    `redis://host:port` or `P2PHANDSHAKE` (required for mooncake)."""
     mooncake_protocol: str = "tcp"
-    """Transfer protocol: ``tcp`` or ``rdma``."""
+    """Transfer protocol: `tcp` or `rdma`."""
     mooncake_rdma_devices: str = ""
-    """RDMA devices for ``rdma`` (comma-separated). Empty: the NIC on this rank's GPU's
-    PCIe switch, read from sysfs (``MEMKV_RDMA_DEVICES`` narrows the candidates)."""
+    """RDMA devices for `rdma` (comma-separated). Empty: the NIC on this rank's GPU's
+    PCIe switch, read from sysfs (`MEMKV_RDMA_DEVICES` narrows the candidates)."""
     mooncake_local_hostname: str = ""
     """Address this process registers its segment under; empty: the host name."""
     mooncake_segment_mb: int = 0
@@ -69,7 +69,7 @@ class StoreConfig:
         key_prefix: str = "",
         env: Mapping[str, str] | None = None,
     ) -> StoreConfig:
-        """Merge the sources in order; ``vllm_values`` keys carry ``key_prefix``."""
+        """Merge the sources in order; `vllm_values` keys carry `key_prefix`."""
         env = os.environ if env is None else env
         yaml_values, yaml_path = yaml_settings(env)
         values: dict[str, Any] = {}
@@ -112,12 +112,12 @@ class StoreConfig:
 
 
 def store_keys(prefix: str) -> frozenset[str]:
-    """The store keys as they appear in a vLLM config whose keys carry ``prefix``."""
+    """The store keys as they appear in a vLLM config whose keys carry `prefix`."""
     return frozenset(prefix + f.name for f in dataclasses.fields(StoreConfig))
 
 
 def yaml_settings(env: Mapping[str, str]) -> tuple[dict[str, Any], str]:
-    """Our keys from the ``MEMKV_CONFIG`` file (``{}`` without one) and its path."""
+    """Our keys from the `MEMKV_CONFIG` file (`{}` without one) and its path."""
     path = env.get("MEMKV_CONFIG")
     if not path:
         return {}, ""

@@ -1,9 +1,9 @@
-""":class:`MemKVStore`: the store interface over our ``memkv serve`` cluster (``memkv_client``).
+"""`MemKVStore`: the store interface over our `memkv serve` cluster (`memkv_client`).
 
-A thin adapter: connection settings come from ``MEMKV_CONFIG`` / ``MEMKV_*`` exactly as for
-``memkv_client``; the batch calls pass the caller's buffers straight to the client (no
+A thin adapter: connection settings come from `MEMKV_CONFIG` / `MEMKV_*` exactly as for
+`memkv_client`; the batch calls pass the caller's buffers straight to the client (no
 Python-side copies). Written against the client's public API only; its per-item results
-are read through ``bool()`` and an optional ``cause``.
+are read through `bool()` and an optional `cause`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def servers_source(env: Mapping[str, str] = os.environ) -> str:
 
 
 def _client() -> Any:
-    """A ``memkv_client.Client``; a ``MEMKV_CONFIG`` that also holds memkv-vllm's store
+    """A `memkv_client.Client`; a `MEMKV_CONFIG` that also holds memkv-vllm's store
     keys is read without them (the client rejects keys it does not know)."""
     import memkv_client
 
@@ -53,7 +53,7 @@ def _client() -> Any:
 
 
 class MemKVStore:
-    """The store interface over ``memkv_client.Client`` (see :class:`~.store.KVStore`)."""
+    """The store interface over `memkv_client.Client` (see `.store.KVStore`)."""
 
     backend = "memkv"
 

@@ -1,14 +1,14 @@
-""":class:`MooncakeStore`: the store interface over Mooncake Store (``mooncake.store``).
+"""`MooncakeStore`: the store interface over Mooncake Store (`mooncake.store`).
 
-Zero-copy where Mooncake allows it: buffers announced with :meth:`MooncakeStore.register`
+Zero-copy where Mooncake allows it: buffers announced with `MooncakeStore.register`
 (the tier's CPU pool, the direct worker's scratch) are registered with the transfer engine
-once, and batches over them go through ``batch_put_from`` / ``batch_get_into`` by address.
-Anything else (small records) goes through Mooncake's copying ``put`` / ``get``.
+once, and batches over them go through `batch_put_from` / `batch_get_into` by address.
+Anything else (small records) goes through Mooncake's copying `put` / `get`.
 
 Mooncake keys are strings: printable ASCII keys (the tier's names) are used as they are,
-binary keys (the direct mode's) as ``mkvh:<hex>``. Mooncake values are immutable (a put of
+binary keys (the direct mode's) as `mkvh:<hex>`. Mooncake values are immutable (a put of
 a present key keeps the old value) and a read takes a lease that blocks removal for
-``--default_kv_lease_ttl``; both are harmless for content-addressed KV blocks.
+`--default_kv_lease_ttl`; both are harmless for content-addressed KV blocks.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ _CAUSES = {
 
 
 def mooncake_key(key: bytes) -> str:
-    """The Mooncake key of one of our keys (printable ASCII as is, else ``mkvh:<hex>``)."""
+    """The Mooncake key of one of our keys (printable ASCII as is, else `mkvh:<hex>`)."""
     if key.isascii():
         text = key.decode("ascii")
         if text.isprintable() and not text.startswith("mkvh:"):
@@ -72,10 +72,10 @@ def _rdma_devices(config: StoreConfig, gpu: int | None) -> str:
 
 
 class MooncakeStore:
-    """The store interface over ``MooncakeDistributedStore`` (see :class:`~.store.KVStore`).
+    """The store interface over `MooncakeDistributedStore` (see `.store.KVStore`).
 
-    :param gpu: this rank's GPU (for the RDMA NIC choice), None in the scheduler.
-    :raises RuntimeError: Mooncake is not installed, or setup failed (names the key).
+    `gpu` is this rank's GPU (for the RDMA NIC choice), None in the scheduler. Raises
+    `RuntimeError` when Mooncake is not installed or its setup fails (naming the key).
     """
 
     backend = "mooncake"

@@ -1,13 +1,13 @@
-"""``MemKVTierManager``: a shared store as a secondary tier of vLLM's ``TieringOffloadingSpec``.
+"""`MemKVTierManager`: a shared store as a secondary tier of vLLM's `TieringOffloadingSpec`.
 
 Runs in the scheduler (EngineCore) process. vLLM keeps the CPU pool as the primary tier;
 this tier sees one value per (block hash, KV cache group): the full CPU-pool row of the
-chunk (every TP rank's bytes, ``stride`` bytes). Stores and loads read and write the
-pool's rows in place through the store interface (:mod:`~.store`: MemKV or Mooncake
-Store, chosen by :class:`~.store_config.StoreConfig`).
+chunk (every TP rank's bytes, `stride` bytes). Stores and loads read and write the
+pool's rows in place through the store interface (`.store`: MemKV or Mooncake
+Store, chosen by `.store_config.StoreConfig`).
 
-Every vLLM-facing method is a short delegation: lookups to :class:`~.lookup.BatchedLookup`,
-transfers to :class:`~.jobs.JobRunner`, names to :class:`~.naming.TierNamer`.
+Every vLLM-facing method is a short delegation: lookups to `.lookup.BatchedLookup`,
+transfers to `.jobs.JobRunner`, names to `.naming.TierNamer`.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _chunks(items: list[int], size: int) -> Iterable[list[int]]:
 
 
 class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
-    """A ``secondary_tiers`` entry ``{"type": "memkv", ...}``; keys in :class:`TierConfig`."""
+    """A `secondary_tiers` entry `{"type": "memkv", ...}`; keys in `TierConfig`."""
 
     medium: ClassVar[Any] = c.MEDIUM_CPU
     cache_hit_source: ClassVar[Any] = c.HIT_SOURCE_REMOTE

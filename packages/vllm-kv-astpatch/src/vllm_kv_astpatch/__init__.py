@@ -2,8 +2,8 @@
 
 The one patch today lets external KV connectors serve Mamba-hybrid models on vLLM
 0.22.1 (see the README for what it guarantees on which vLLM). Connectors call
-:func:`apply_hybrid_patch` (or rely on the ``vllm.general_plugins`` entry point); where a
-hit may end on such a model is ``vllm_kv_identity.aligned_external_hit_tokens``.
+`apply_hybrid_patch` (or rely on the `vllm.general_plugins` entry point); where a
+hit may end on such a model is `vllm_kv_identity.aligned_external_hit_tokens`.
 """
 
 from __future__ import annotations

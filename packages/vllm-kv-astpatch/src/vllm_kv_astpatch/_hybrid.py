@@ -1,8 +1,8 @@
 """The hybrid-model patch: let external KV connectors serve Mamba-hybrid models on vLLM 0.22.
 
-vLLM 0.22.1 ``Scheduler._mamba_block_aligned_split`` starts with
-``assert num_external_computed_tokens == 0``; vLLM 0.23.0 removed it and, in
-``Scheduler.schedule``, stopped calling the split for a request that only sets up an
+vLLM 0.22.1 `Scheduler._mamba_block_aligned_split` starts with
+`assert num_external_computed_tokens == 0`; vLLM 0.23.0 removed it and, in
+`Scheduler.schedule`, stopped calling the split for a request that only sets up an
 asynchronous external load. This patch makes both edits, together or not at all:
 removing the assert alone would turn the crash into a scheduler that waits forever
 for an asynchronous load it never starts.
@@ -31,12 +31,12 @@ SPLIT_QUALNAME = "Scheduler._mamba_block_aligned_split"
 SCHEDULE_QUALNAME = "Scheduler.schedule"
 
 SUPPORTED_VLLM = ((0, 22, 1), (0, 23, 0))
-"""vLLM versions ``[low, high)`` whose scheduler this patch was verified against.
+"""vLLM versions `[low, high)` whose scheduler this patch was verified against.
 
-A matching assert in any other version is left alone (``skipped-unsupported-version``)."""
+A matching assert in any other version is left alone (`skipped-unsupported-version`)."""
 
 DISABLE_ENV = "VLLM_KV_ASTPATCH_DISABLE"
-"""Set to anything but ``""``, ``0``, ``false``, ``no`` or ``off`` to disable the patch."""
+"""Set to anything but `""`, `0`, `false`, `no` or `off` to disable the patch."""
 
 APPLIED = "applied"
 NOT_NEEDED = "not-needed"
@@ -50,20 +50,20 @@ class PatchSkipped(UserWarning):
 
 @dataclass(frozen=True)
 class PatchReport:
-    """What one :func:`apply_hybrid_patch` call found and did."""
+    """What one `apply_hybrid_patch` call found and did."""
 
     target: str
-    """``module:qualname`` of the function that holds the assert."""
+    """`module:qualname` of the function that holds the assert."""
     vllm_version: str | None
-    """``vllm.__version__``, or None when vLLM could not be imported."""
+    """`vllm.__version__`, or None when vLLM could not be imported."""
     status: str
-    """``applied``, ``not-needed``, ``not-applied`` or ``skipped-<reason>``."""
+    """`applied`, `not-needed`, `not-applied` or `skipped-<reason>`."""
     reason: str
     """One human-readable sentence about the status."""
     changed: bool = False
     """Whether this call changed any live function (False on a repeated apply)."""
     patched: tuple[str, ...] = field(default=())
-    """``module:qualname`` of every function running patched code."""
+    """`module:qualname` of every function running patched code."""
 
     def as_dict(self) -> dict[str, Any]:
         """The report as plain data (for logs and JSON)."""
@@ -71,7 +71,7 @@ class PatchReport:
 
 
 def parse_version(text: str | None) -> tuple[int, int, int] | None:
-    """``"0.22.1+cpu"`` -> ``(0, 22, 1)``; None when there is no leading ``X.Y``."""
+    """`"0.22.1+cpu"` -> `(0, 22, 1)`; None when there is no leading `X.Y`."""
     match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
     if match is None:
         return None
@@ -80,7 +80,7 @@ def parse_version(text: str | None) -> tuple[int, int, int] | None:
 
 
 def is_disabled(environ: dict[str, str] | None = None) -> bool:
-    """Whether :data:`DISABLE_ENV` disables the patch."""
+    """Whether `DISABLE_ENV` disables the patch."""
     value = (os.environ if environ is None else environ).get(DISABLE_ENV, "")
     return value.strip().lower() not in ("", "0", "false", "no", "off")
 
@@ -92,7 +92,7 @@ def _installed_vllm_version() -> str | None:
 
 
 class HybridPatch:
-    """The patch for one scheduler module; :data:`DEFAULT` targets vLLM's."""
+    """The patch for one scheduler module; `DEFAULT` targets vLLM's."""
 
     def __init__(
         self,
@@ -111,16 +111,16 @@ class HybridPatch:
 
     @property
     def report(self) -> PatchReport:
-        """The latest report (``not-applied`` before the first apply)."""
+        """The latest report (`not-applied` before the first apply)."""
         return self._report
 
     @property
     def status(self) -> str:
-        """Shorthand for ``report.status``."""
+        """Shorthand for `report.status`."""
         return self._report.status
 
     def apply(self) -> PatchReport:
-        """Apply once; later calls change nothing and report ``changed=False``. Never raises."""
+        """Apply once; later calls change nothing and report `changed=False`. Never raises."""
         with self._lock:
             previous = self._report
             if self._busy:  # re-entered from the import of vLLM that apply() started
@@ -236,12 +236,12 @@ def apply_hybrid_patch() -> PatchReport:
 
 
 def revert_hybrid_patch() -> bool:
-    """Undo :func:`apply_hybrid_patch`; True if anything was restored."""
+    """Undo `apply_hybrid_patch`; True if anything was restored."""
     return DEFAULT.revert()
 
 
 def patch_report() -> PatchReport:
-    """The latest report of :func:`apply_hybrid_patch` (``not-applied`` before it)."""
+    """The latest report of `apply_hybrid_patch` (`not-applied` before it)."""
     return DEFAULT.report
 
 

@@ -1,17 +1,17 @@
 """Recompile one live function from its own source, transformed, and swap its code.
 
-Only ``__code__`` of the live function object is replaced. Its globals, closure cells
-(``__class__`` included), defaults, keyword defaults, annotations, ``__dict__`` and
+Only `__code__` of the live function object is replaced. Its globals, closure cells
+(`__class__` included), defaults, keyword defaults, annotations, `__dict__` and
 every decorator wrapper that holds it stay as they are. Nothing is executed while
 patching (decorators and default values are not evaluated again) and no file is
 touched.
 
 The whole defining file is parsed, the function's def is edited in that tree, and the
-tree is compiled (never executed), so scopes, imports, name mangling, ``__future__``
+tree is compiled (never executed), so scopes, imports, name mangling, `__future__`
 flags and line numbers come out exactly as Python compiled them at import. Before
 editing, the untouched tree is compiled and compared with the live code object; a
 mismatch (a file edited since import, a function rebound by someone else) skips the
-patch. Every failure raises :class:`SkipError` with a short reason, and leaves
+patch. Every failure raises `SkipError` with a short reason, and leaves
 the function as it was.
 """
 
@@ -32,7 +32,7 @@ FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 Transform = Callable[[FunctionNode], int]
 """Edits a function node in place and returns how many changes it made (0: none).
 
-It raises :class:`UnexpectedShapeError` when the function is not the shape it knows."""
+It raises `UnexpectedShapeError` when the function is not the shape it knows."""
 
 _LOCK = threading.RLock()
 """Serialises every prepare-and-install sequence in the process."""
@@ -64,7 +64,7 @@ class FunctionTarget:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A compiled replacement, not yet installed (``patched is None``: nothing to do)."""
+    """A compiled replacement, not yet installed (`patched is None`: nothing to do)."""
 
     target: FunctionTarget
     function: types.FunctionType
@@ -89,7 +89,7 @@ def lock() -> threading.RLock:
 
 
 def resolve(target: FunctionTarget) -> types.FunctionType:
-    """Import ``target.module`` and return the plain function ``target.qualname`` names."""
+    """Import `target.module` and return the plain function `target.qualname` names."""
     try:
         obj: object = importlib.import_module(target.module)
     except Exception as exc:  # any import failure means: leave it alone
@@ -123,9 +123,9 @@ def _qualname_matches(code_qualname: str, qualname: str) -> bool:
 def find_function(
     tree: ast.Module, qualname: str, first_line: int | None = None
 ) -> FunctionNode | None:
-    """The def statement named by a code object's ``co_qualname`` in a module's AST.
+    """The def statement named by a code object's `co_qualname` in a module's AST.
 
-    With ``first_line``, only a def whose first line (its first decorator's, if any)
+    With `first_line`, only a def whose first line (its first decorator's, if any)
     is that line counts; otherwise the first def of that name wins.
     """
     scopes: list[ast.AST] = [tree]
@@ -164,13 +164,13 @@ def _first_line(node: FunctionNode) -> int:
 
 
 def is_patched(func: types.FunctionType) -> bool:
-    """True while ``func`` runs code installed by :func:`install`."""
+    """True while `func` runs code installed by `install`."""
     swap = _SWAPS.get(func)
     return swap is not None and func.__code__ is swap.patched
 
 
 def prepare(target: FunctionTarget, transform: Transform) -> Prepared:
-    """Resolve, read, verify, transform and compile ``target``; raise :class:`SkipError`."""
+    """Resolve, read, verify, transform and compile `target`; raise `SkipError`."""
     func = resolve(target)
     with _LOCK:
         swap = _SWAPS.get(func)
@@ -229,7 +229,7 @@ def install(prepared: Sequence[Prepared]) -> bool:
 
 
 def restore(func: types.FunctionType) -> bool:
-    """Put back the code ``func`` had before :func:`install`; False if it was not patched."""
+    """Put back the code `func` had before `install`; False if it was not patched."""
     with _LOCK:
         swap = _SWAPS.pop(func, None)
         if swap is None:
@@ -246,8 +246,8 @@ def _roll_back(done: list[Prepared]) -> None:
 
 
 def _read_module(func: types.FunctionType) -> ast.Module:
-    """Parse the whole file that defines ``func`` (compiling it whole keeps scopes,
-    imports, name mangling, ``__future__`` flags and line numbers exactly as they were)."""
+    """Parse the whole file that defines `func` (compiling it whole keeps scopes,
+    imports, name mangling, `__future__` flags and line numbers exactly as they were)."""
     filename = func.__code__.co_filename
     linecache.checkcache(filename)  # drop a cached copy of a file edited since
     lines = linecache.getlines(filename, func.__globals__)

@@ -22,7 +22,7 @@ _BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
 
 
 def _own_nodes(root: ast.AST) -> Iterator[ast.AST]:
-    """Every node under ``root`` that belongs to its scope (not to a nested one)."""
+    """Every node under `root` that belongs to its scope (not to a nested one)."""
     for child in ast.iter_child_nodes(root):
         if isinstance(child, _SCOPES):
             continue
@@ -45,7 +45,7 @@ def _is_name(node: ast.expr, name: str) -> bool:
 
 
 def is_external_tokens_assert(node: ast.AST) -> bool:
-    """``assert num_external_computed_tokens == 0[, msg]`` (or ``0 == ...``)."""
+    """`assert num_external_computed_tokens == 0[, msg]` (or `0 == ...`)."""
     if not isinstance(node, ast.Assert):
         return False
     test = node.test
@@ -63,10 +63,10 @@ def is_external_tokens_assert(node: ast.AST) -> bool:
 
 
 def remove_external_connector_assert(func: FunctionNode) -> int:
-    """Delete the hybrid-model guard ``assert num_external_computed_tokens == 0``.
+    """Delete the hybrid-model guard `assert num_external_computed_tokens == 0`.
 
-    Requires ``num_external_computed_tokens`` to be a parameter of ``func``. More than
-    one matching assert is an unexpected shape. A block left empty gets ``pass``.
+    Requires `num_external_computed_tokens` to be a parameter of `func`. More than
+    one matching assert is an unexpected shape. A block left empty gets `pass`.
     """
     if EXTERNAL_TOKENS not in _parameter_names(func):
         if any(is_external_tokens_assert(n) for n in _own_nodes(func)):
@@ -94,7 +94,7 @@ def _is_split_flag(node: ast.expr) -> bool:
 
 
 def _is_async_guard(node: ast.expr) -> bool:
-    """``self.need_mamba_block_aligned_split and not load_kv_async`` (already guarded)."""
+    """`self.need_mamba_block_aligned_split and not load_kv_async` (already guarded)."""
     return (
         isinstance(node, ast.BoolOp)
         and isinstance(node.op, ast.And)
@@ -109,7 +109,7 @@ def _is_async_guard(node: ast.expr) -> bool:
 
 
 def _passes_external_tokens(node: ast.If) -> bool:
-    """The block calls ``self._mamba_block_aligned_split(..., num_external_computed_tokens)``."""
+    """The block calls `self._mamba_block_aligned_split(..., num_external_computed_tokens)`."""
     for sub in (n for stmt in node.body for n in [stmt, *_own_nodes(stmt)]):
         if (
             isinstance(sub, ast.Call)
@@ -126,7 +126,7 @@ def _passes_external_tokens(node: ast.If) -> bool:
 
 
 def _only_without_async_load(func: FunctionNode) -> set[int]:
-    """Ids of nodes reached only in the ``else`` of ``if load_kv_async:`` (vLLM 0.33)."""
+    """Ids of nodes reached only in the `else` of `if load_kv_async:` (vLLM 0.33)."""
     found: set[int] = set()
     for node in _own_nodes(func):
         if isinstance(node, ast.If) and _is_name(node.test, LOAD_KV_ASYNC):
@@ -139,13 +139,13 @@ def _only_without_async_load(func: FunctionNode) -> set[int]:
 def guard_split_on_async_load(func: FunctionNode) -> int:
     """SkipError the split while a request only sets up an asynchronous external load.
 
-    Rewrites ``if self.need_mamba_block_aligned_split:`` around the call that passes
-    ``num_external_computed_tokens`` into ``if self.need_mamba_block_aligned_split and
-    not load_kv_async:``. Otherwise the split returns 0 for the zero-token step that
+    Rewrites `if self.need_mamba_block_aligned_split:` around the call that passes
+    `num_external_computed_tokens` into `if self.need_mamba_block_aligned_split and
+    not load_kv_async:`. Otherwise the split returns 0 for the zero-token step that
     starts the load, the scheduler stops before allocating, and the load never starts.
-    Returns 0 when the call site is already guarded (upstream's ``and not
-    load_kv_async``, or the ``else`` of ``if load_kv_async:``); raises :class:`UnexpectedShapeError`
-    when there is no such call site, more than one, or no ``load_kv_async`` variable.
+    Returns 0 when the call site is already guarded (upstream's `and not
+    load_kv_async`, or the `else` of `if load_kv_async:`); raises `UnexpectedShapeError`
+    when there is no such call site, more than one, or no `load_kv_async` variable.
     """
     assigned = {
         n.id for n in _own_nodes(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)

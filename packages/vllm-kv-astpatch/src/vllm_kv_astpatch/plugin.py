@@ -1,4 +1,4 @@
-"""The ``vllm.general_plugins`` entry point: vLLM calls :func:`apply` once per process."""
+"""The `vllm.general_plugins` entry point: vLLM calls `apply` once per process."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 from ._hybrid import SKIPPED, apply_hybrid_patch
 
 logger = logging.getLogger("vllm.plugins.vllm_kv_astpatch")
-"""A child of vLLM's ``vllm`` logger, so the line lands in vLLM's own log output."""
+"""A child of vLLM's `vllm` logger, so the line lands in vLLM's own log output."""
 
 
 def apply() -> None:

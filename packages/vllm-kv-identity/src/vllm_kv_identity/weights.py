@@ -1,13 +1,13 @@
 """A fingerprint of the loaded weights, so a new checkpoint never restores old KV.
 
-* A local folder: blake2b over ``config.json`` plus, per ``*.safetensors`` / ``*.bin`` /
-  ``*.pt`` shard, its name, size, header (first 64 KiB) and two more 64 KiB samples
-  (middle, end). With ``host_local``, also each shard's mtime: any rewrite then changes
+* A local folder: blake2b over `config.json` plus, per `*.safetensors` / `*.bin` /
+  `*.pt` shard, its name, size, header (first 64 KiB) and two more 64 KiB samples
+  (middle, end). With `host_local`, also each shard's mtime: any rewrite then changes
   the fingerprint, but so does a copy to another host.
 * A hub id with a local snapshot: the snapshot commit hash (from the HF cache refs of
-  ``revision``, default ``main``), so a new snapshot under the same id and no revision
+  `revision`, default `main`), so a new snapshot under the same id and no revision
   gets a new fingerprint.
-* Otherwise ``"unknown"``, with a warning (callers still key by the model name).
+* Otherwise `"unknown"`, with a warning (callers still key by the model name).
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ def _hub_commit(model: str, revision: str | None) -> str | None:
 def weights_fingerprint(
     model: str, revision: str | None = None, *, host_local: bool = False
 ) -> str:
-    """A short hex fingerprint of the checkpoint ``model`` (a folder or a hub id) names.
+    """A short hex fingerprint of the checkpoint `model` (a folder or a hub id) names.
 
-    ``host_local``: the KV is only ever reused on this host (a disk tier), so shard mtimes
+    `host_local`: the KV is only ever reused on this host (a disk tier), so shard mtimes
     may count too. Read afresh on every call (a few small reads per shard).
     """
     path = Path(model)

@@ -1,22 +1,20 @@
 """Should an L2 hit be loaded, or is recomputing those tokens cheaper?
 
-A disk tier only pays off when reading a block is faster than prefilling its tokens: on a
-slow disk with a fast GPU it is not (vLLM's own fs tier made a 32k-token TTFT up to 2.3x
-slower than recomputing). Both costs are measured online: prefill time per token from the
-time between a step's start and the workers' report that they ran it (an idle engine
-between steps must not count as prefill), L2 read time per byte from the promotions the
-store completes, counting only blocks read from the disk: a block the page cache may have
-served (written or read moments before, L2 without O_DIRECT) reads at memory speed, and
-learning that speed made the rule load disk-resident hits several times slower than
-recomputing them. A configured rate is an assumption that the first measurement replaces;
-later measurements enter an exponentially weighted average of the time per unit
-(averaging rates instead would let fast samples hide slow ones). Until prefill has been
-measured, hits are loaded. A skipped tier teaches the model nothing, so after
-`PROBE_AFTER_SKIPS` skips in a row part of one hit is loaded anyway to measure the disk
-again (it may have been busy, or the page cache warm). The probe is sized so that, at the
-current estimates, it costs at most `PROBE_BUDGET` of the time recomputing the hit's L2
-part takes: loading a whole 32k-token L2 hit on an H200 took 4.4 s where recomputing
-it took 1.2 s, so a probe of the whole hit would cost about that much.
+A disk tier only pays off when reading a block is faster than prefilling its tokens; on a
+slow disk with a fast GPU it is not. Both costs are measured online: prefill time per token
+from the time between a step's start (or the previous step's report, whichever is later)
+and the workers' report that they ran it, so an idle engine between steps never counts as
+prefill; L2 read time per byte from the promotions the store completes, counting only
+blocks read from the disk (a block the page cache may have served, written or read
+moments before on an L2 without O_DIRECT, reads at memory speed and is left out). A
+configured rate is an assumption that the first measurement replaces; later measurements
+enter an exponentially weighted average of the time per unit (not of the rate, so fast
+samples cannot hide slow ones). Until prefill has been measured, hits are loaded. A
+skipped tier teaches the model nothing, so after `PROBE_AFTER_SKIPS` skips in a row part
+of one hit is loaded anyway to measure the disk again; that probe costs at most
+`PROBE_BUDGET` of the time recomputing the hit's L2 part takes, at the current estimates.
+The runs that shaped these rules are in docs/benchmarks.md (*Why the connector's rules
+look as they do*).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The MemKV server: ``memkv serve`` / ``python -m memkv_client.server``."""
+"""The MemKV server: `memkv serve` / `python -m memkv_client.server`."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ _UNITS = {
 
 
 def parse_size(text: str) -> int:
-    """``"4GiB"`` → bytes. Accepts B, K/KiB/KB, M/MiB/MB, G/GiB/GB, T/TiB/TB."""
+    """`"4GiB"` → bytes. Accepts B, K/KiB/KB, M/MiB/MB, G/GiB/GB, T/TiB/TB."""
     s = text.strip().lower().replace(" ", "")
     num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = s[len(num) :]

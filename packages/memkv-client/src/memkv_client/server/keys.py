@@ -1,6 +1,6 @@
-"""The server's auth key: ``MEMKV_AUTH_KEY``, else (loopback only) the per-user key file.
+"""The server's auth key: `MEMKV_AUTH_KEY`, else (loopback only) the per-user key file.
 
-The server reads its key itself (not through the client's ``load_config``), so a
+The server reads its key itself (not through the client's `load_config`), so a
 client configuration file never changes what a server accepts.
 """
 
@@ -16,7 +16,7 @@ __all__ = ["server_key"]
 
 
 def server_key(host: str, env: Mapping[str, str] | None = None) -> tuple[bytes, str]:
-    """The key to sign with when listening on ``host`` and where it came from; raises
+    """The key to sign with when listening on `host` and where it came from; raises
     ValueError naming the variable or file when it is malformed, or required but unset."""
     env = os.environ if env is None else env
     text = env.get("MEMKV_AUTH_KEY")

@@ -1,17 +1,17 @@
 """Server networking: one thread per connection, blocking sockets, zero-copy bulk data.
 
-Bulk values are received straight into reserved store blocks (``recvmsg_into``, many
-blocks per call) and sent straight from pinned blocks (``sendall``) or spill files
-(``sendfile``). A frame that cannot be decoded or authenticated gets an error reply and
+Bulk values are received straight into reserved store blocks (`recvmsg_into`, many
+blocks per call) and sent straight from pinned blocks (`sendall`) or spill files
+(`sendfile`). A frame that cannot be decoded or authenticated gets an error reply and
 the connection is closed; handler exceptions never reach the accept loop, so a bad peer
 cannot crash the server.
 
-**Hostile peers.** At most ``max_connections`` connections are served; when full, the
+**Hostile peers.** At most `max_connections` connections are served; when full, the
 oldest one that has not yet authenticated is closed to make room, else the new one is
 refused. Until its HELLO verifies, a connection may send only a HELLO of at most
-``PREAUTH_MAX_META_LEN`` metadata bytes, and must do so within ``frame_timeout``. Every
-frame must arrive, and every reply leave, within ``frame_timeout`` plus its size at
-``MIN_RATE``; a connection idle for ``idle_timeout`` is closed. A deadline miss closes
+`PREAUTH_MAX_META_LEN` metadata bytes, and must do so within `frame_timeout`. Every
+frame must arrive, and every reply leave, within `frame_timeout` plus its size at
+`MIN_RATE`; a connection idle for `idle_timeout` is closed. A deadline miss closes
 the connection and releases everything it held (reservations, pins).
 """
 
@@ -43,12 +43,12 @@ log = logging.getLogger("memkv_client.server")
 _DRAIN = memoryview(bytearray(1 << 20))
 _SINK = memoryview(bytearray(1 << 16))  # shared scratch: contents are never read
 _META_CHUNK = 64 << 10  # metadata is read and MAC-fed in pieces of this size
-MIN_RATE = 8 << 20  #: bytes/s a peer must sustain on a frame beyond ``frame_timeout``
+MIN_RATE = 8 << 20  #: bytes/s a peer must sustain on a frame beyond `frame_timeout`
 _FD_RESERVE = 64  # descriptors kept free for spill files, the listener and logging
 
 
 def default_max_connections() -> int:
-    """The connection cap that keeps ``_FD_RESERVE`` descriptors free under ``ulimit -n``."""
+    """The connection cap that keeps `_FD_RESERVE` descriptors free under `ulimit -n`."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return 4096
@@ -60,7 +60,7 @@ class _Closed(Exception):  # noqa: N818 (control flow, not an error)
 
 
 class MemKVServer:
-    """A MemKV server node; ``start()`` binds, ``serve_forever()`` accepts until stopped."""
+    """A MemKV server node; `start()` binds, `serve_forever()` accepts until stopped."""
 
     def __init__(
         self,
@@ -132,7 +132,7 @@ class MemKVServer:
         self._sock = sock
 
     def serve_forever(self) -> None:
-        """Accept connections until :meth:`request_stop`, then shut down gracefully."""
+        """Accept connections until `request_stop`, then shut down gracefully."""
         assert self._sock is not None, "call start() first"
         while not self._stopping.is_set():
             try:
@@ -173,7 +173,7 @@ class MemKVServer:
         return True
 
     def request_stop(self) -> None:
-        """Ask :meth:`serve_forever` to stop (safe from signal handlers and other threads)."""
+        """Ask `serve_forever` to stop (safe from signal handlers and other threads)."""
         self._stopping.set()
 
     @property
@@ -234,7 +234,7 @@ class _Connection:
         self.done = threading.Event()
         self._lock = threading.Lock()
         self._busy = False
-        self.authenticated = False  # the HELLO verified; ``session`` signs from then on
+        self.authenticated = False  # the HELLO verified; `session` signs from then on
         self.session = server.signer
         self._reply_signer = server.signer
         self._last_id = 0
@@ -267,7 +267,7 @@ class _Connection:
         self.sock.close()
 
     def _deadline(self, nbytes: int = 0) -> float:
-        """When a frame (or reply) of ``nbytes`` bulk+meta bytes must be done."""
+        """When a frame (or reply) of `nbytes` bulk+meta bytes must be done."""
         return time.monotonic() + self.server.frame_timeout + nbytes / MIN_RATE
 
     def run(self) -> None:
@@ -325,7 +325,7 @@ class _Connection:
         return True
 
     def _recv_meta(self, n: int, mac: Any, deadline: float) -> bytes:
-        """Read ``n`` metadata bytes, feeding the MAC as they arrive."""
+        """Read `n` metadata bytes, feeding the MAC as they arrive."""
         buf = bytearray(n)
         view = memoryview(buf)
         for start in range(0, n, _META_CHUNK):

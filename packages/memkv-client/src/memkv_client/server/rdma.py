@@ -1,8 +1,8 @@
-"""Server-side RDMA: the store's arena registered once, one :class:`RdmaPeer` per
+"""Server-side RDMA: the store's arena registered once, one `RdmaPeer` per
 connection serving RDMA_PUT / RDMA_GET / RDMA_XFER with one-sided verbs.
 
-The client side (queue-pair bootstrap, staging) is :mod:`memkv_client.rdma`; the two
-meet only in :mod:`memkv_client.protocol` and :mod:`memkv_client.verbs`.
+The client side (queue-pair bootstrap, staging) is `memkv_client.rdma`; the two
+meet only in `memkv_client.protocol` and `memkv_client.verbs`.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class RdmaPeer:
         return self._bounce
 
     def _segments(self, e: Entry, offset: int = 0, n: int | None = None) -> list[tuple[int, int]]:
-        """(local address, length) of bytes ``[offset, +n)`` of an in-arena entry."""
+        """(local address, length) of bytes `[offset, +n)` of an in-arena entry."""
         base = self.r.store.arena.base
         pos = offset
         end = e.length if n is None else offset + n
@@ -134,7 +134,7 @@ class RdmaPeer:
     def _write_range(
         self, store: Store, e: Entry, offset: int, n: int, raddr: int, rkey: int
     ) -> bool:
-        """RDMA WRITE bytes ``[offset, +n)`` of a pinned entry to ``raddr``."""
+        """RDMA WRITE bytes `[offset, +n)` of a pinned entry to `raddr`."""
         if n == 0:
             return True
         if e.path is None and e.small is None:
@@ -160,7 +160,7 @@ class RdmaPeer:
         return True
 
     def _read_range(self, res: Reservation, offset: int, n: int, raddr: int, rkey: int) -> bool:
-        """RDMA READ ``n`` bytes from ``raddr`` into bytes ``[offset, +n)`` of a reservation."""
+        """RDMA READ `n` bytes from `raddr` into bytes `[offset, +n)` of a reservation."""
         if n == 0:
             return True
         if res.entry.small is not None:
@@ -178,9 +178,9 @@ class RdmaPeer:
     def serve_xfer(
         self, store: Store, is_write: bool, items: list[tuple[bytes, int, int, int, int]]
     ) -> list[tuple[int, int]]:
-        """RDMA_XFER: per-item ``(status, value length)``; see docs/memkv-protocol.md.
+        """RDMA_XFER: per-item `(status, value length)`; see docs/memkv-protocol.md.
 
-        Reads copy ``[value_offset, +len)`` of the stored value to the client (NOT_FOUND,
+        Reads copy `[value_offset, +len)` of the stored value to the client (NOT_FOUND,
         or SIZE_MISMATCH if the value is shorter). Writes assemble each key's pieces
         into one new value that becomes visible only once every piece has arrived.
         """

@@ -1,15 +1,15 @@
 """The optional spill directory: values evicted from memory are written here.
 
-Files are named ``<16 hex digits>.mkv`` and never rewritten; a spilled value is served
-straight from its file (``sendfile``). Spilled data does not survive a restart: those
+Files are named `<16 hex digits>.mkv` and never rewritten; a spilled value is served
+straight from its file (`sendfile`). Spilled data does not survive a restart: those
 files are removed when the server starts and stops.
 
 The directory must be dedicated to MemKV: it is claimed with a marker file
-(``MARKER``) when empty, and a non-empty directory without the marker is refused. Only
+(`MARKER`) when empty, and a non-empty directory without the marker is refused. Only
 files named like spill files are ever removed, so nothing else in it is touched.
 
 Removing a file is accounted at once but unlinked by a background thread, so the store
-may call :meth:`SpillDir.remove` while holding its index lock without doing I/O there.
+may call `SpillDir.remove` while holding its index lock without doing I/O there.
 """
 
 from __future__ import annotations

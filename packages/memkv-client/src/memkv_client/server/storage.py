@@ -1,35 +1,35 @@
 """Server storage: a preallocated block arena, lanes with LRU eviction, pinned reads.
 
-Values of more than ``SMALL_MAX`` bytes live in fixed-size blocks of one anonymous mmap
+Values of more than `SMALL_MAX` bytes live in fixed-size blocks of one anonymous mmap
 allocated at start and pre-faulted in the background, so receiving a value rarely
-page-faults fresh memory. Smaller values are plain ``bytearray`` objects.
+page-faults fresh memory. Smaller values are plain `bytearray` objects.
 
 **Memory bound.** Each value is charged its blocks, or for a small one its length but at
-least ``MIN_VALUE_CHARGE``, plus ``ITEM_OVERHEAD`` and its key's length (the index and
+least `MIN_VALUE_CHARGE`, plus `ITEM_OVERHEAD` and its key's length (the index and
 bookkeeping objects). Everything charged outside the arena is backed by arena blocks
 that are *lent* out: taken off the free list and returned to the kernel
-(``MADV_DONTNEED``). So the arena's resident blocks plus everything outside it never
-exceed ``capacity`` (plus one block), whatever the mix of value sizes. A put that cannot
+(`MADV_DONTNEED`). So the arena's resident blocks plus everything outside it never
+exceed `capacity` (plus one block), whatever the mix of value sizes. A put that cannot
 fit even after evicting every unpinned value evicts nothing.
 
-**Lanes.** A key's namespace is its prefix before the first ``/`` (the whole key has
-namespace ``b""`` if it holds no ``/``); the namespace hashes (CRC-32) onto one of
-``lanes`` lanes. Each lane has a fair share of ``capacity / lanes`` and its own LRU
+**Lanes.** A key's namespace is its prefix before the first `/` (the whole key has
+namespace `b""` if it holds no `/`); the namespace hashes (CRC-32) onto one of
+`lanes` lanes. Each lane has a fair share of `capacity / lanes` and its own LRU
 order. A lane may borrow free memory beyond its share; when memory is full, the victim
 is the LRU value of the lane itself if it is at or over its share, otherwise of the
 lane furthest over its share. So a lane within its share is never evicted by another.
 
-**Lookup leases.** With ``lease_s > 0``, an ``exists`` that finds a value leases it for
-``lease_s`` seconds (a later ``exists`` extends the lease): a reader that asked first
+**Lookup leases.** With `lease_s > 0`, an `exists` that finds a value leases it for
+`lease_s` seconds (a later `exists` extends the lease): a reader that asked first
 finds it when it comes to read. Eviction passes over leased values (moving each to the
-MRU end, at most ``LEASE_SKIPS`` per victim) and takes the first unleased one. Leases are
+MRU end, at most `LEASE_SKIPS` per victim) and takes the first unleased one. Leases are
 best effort: if the lane holds nothing else, the LRU leased value is evicted anyway and
-counted in the lane's ``lease_breaks``, so a lease never makes a write fail.
+counted in the lane's `lease_breaks`, so a lease never makes a write fail.
 
 **Consistency.** Readers *pin* an entry under the lock and read it outside the lock.
 An overwrite or eviction unlinks the entry from the index at once but frees its memory
 only when the last pin goes, so a reader sees the whole old value or (if it looks
-after the unlink) a miss: never partial or mixed data. Index operations (``exists``,
+after the unlink) a miss: never partial or mixed data. Index operations (`exists`,
 lookups, commits) hold one lock briefly and never wait for eviction I/O: spilling to
 disk happens outside the lock.
 """
@@ -66,7 +66,7 @@ _PREFAULT_CHUNK = 16 << 20  # per madvise call (it holds the GIL)
 
 
 def namespace_of(key: bytes) -> bytes:
-    """The lane namespace of a key: everything before the first ``/``."""
+    """The lane namespace of a key: everything before the first `/`."""
     cut = key.find(b"/")
     return key[:cut] if cut >= 0 else b""
 
@@ -74,7 +74,7 @@ def namespace_of(key: bytes) -> bytes:
 class Arena:
     """Fixed-size blocks carved from one anonymous mapping (not thread-safe).
 
-    With ``prefault``, a background thread faults the mapping in (``MADV_POPULATE_WRITE``,
+    With `prefault`, a background thread faults the mapping in (`MADV_POPULATE_WRITE`,
     which leaves contents alone, so blocks may be in use meanwhile) and the server
     listens at once; where the kernel lacks it, pages fault in on first use.
     """
@@ -154,13 +154,13 @@ class Arena:
 
 @dataclass(eq=False)
 class Entry:
-    """One stored value (in memory or spilled); pinned while ``refs > 0``."""
+    """One stored value (in memory or spilled); pinned while `refs > 0`."""
 
     key: bytes
     lane: int
     length: int
     charge: int  # bytes counted against capacity while held in memory
-    outside: int = 0  # the part of ``charge`` not in arena blocks
+    outside: int = 0  # the part of `charge` not in arena blocks
     blocks: list[int] = field(default_factory=list)
     small: bytearray | None = None
     path: str | None = None  # spilled to this file
@@ -173,7 +173,7 @@ class Entry:
 
 @dataclass(eq=False)
 class Reservation:
-    """Memory reserved for an incoming value; fill ``views`` then commit or abort."""
+    """Memory reserved for an incoming value; fill `views` then commit or abort."""
 
     entry: Entry
     views: list[memoryview]
@@ -240,7 +240,7 @@ class Store:
     # --- reads --------------------------------------------------------------------------
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
-        """Presence of each key; touches LRU order and leases what it finds (``lease_s``).
+        """Presence of each key; touches LRU order and leases what it finds (`lease_s`).
         Never waits for eviction or I/O."""
         out = []
         with self._lock:
@@ -260,7 +260,7 @@ class Store:
             return None if e is None else e.length
 
     def pin(self, key: bytes) -> Entry | None:
-        """Look up and pin an entry for reading (caller must :meth:`unpin`)."""
+        """Look up and pin an entry for reading (caller must `unpin`)."""
         with self._lock:
             e = self._index.get(key)
             lane = self.lanes[self.lane_of(key)]
@@ -355,8 +355,8 @@ class Store:
         return -(-outside // BLOCK_SIZE)
 
     def _fits(self, nblocks: int, outside: int) -> bool:
-        """Under the lock: free (and lent) blocks cover ``nblocks`` more arena blocks and
-        ``outside`` more bytes outside the arena."""
+        """Under the lock: free (and lent) blocks cover `nblocks` more arena blocks and
+        `outside` more bytes outside the arena."""
         arena = self.arena
         return nblocks + self._blocks_for(self._outside + outside) <= (
             arena.free_blocks + len(arena.lent)
@@ -374,7 +374,7 @@ class Store:
     def _make_room(
         self, lane_i: int, charge: int, nblocks: int, outside: int, to_spill: list[Entry]
     ) -> Status:
-        """Under the lock: evict until the value fits. Victims to spill go to ``to_spill``."""
+        """Under the lock: evict until the value fits. Victims to spill go to `to_spill`."""
         lane = self.lanes[lane_i]
         while not self._fits(nblocks, outside):
             if lane.used + charge > lane.share and lane.lru:
@@ -397,7 +397,7 @@ class Store:
 
     def _pop_victim(self, lane: LaneStats) -> Entry:
         """Under the lock: take the lane's LRU value that holds no lease (see the module
-        docstring); after ``LEASE_SKIPS`` leased ones, the LRU one, lease or not."""
+        docstring); after `LEASE_SKIPS` leased ones, the LRU one, lease or not."""
         lru = lane.lru
         if self.lease_s > 0:
             now = self._clock()
@@ -419,7 +419,7 @@ class Store:
     def commit(self, res: Reservation, digest: bytes | None = None) -> None:
         """Publish a filled reservation, replacing any previous value of the key.
 
-        ``digest`` is the value's SHA-256 if the caller has checked it already; otherwise
+        `digest` is the value's SHA-256 if the caller has checked it already; otherwise
         it is computed here.
         """
         e = res.entry
@@ -578,6 +578,6 @@ class Store:
 
 
 def _add(total: list[int], e: Entry, sign: int = 1) -> None:
-    """Add (or with ``sign=-1`` subtract) an entry's charge and its outside part."""
+    """Add (or with `sign=-1` subtract) an entry's charge and its outside part."""
     total[0] += sign * e.charge
     total[1] += sign * e.outside

@@ -1,25 +1,17 @@
 """Direct mode at tensor parallelism 2 on real vLLM (two CPU worker processes) and a real
-``memkv serve``: each rank stores its own value of every block, and a second engine
+`memkv serve`: each rank stores its own value of every block, and a second engine
 process gets cross-instance hits with the same tokens."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import pytest
-from memkv_harness import BLOCK, PROMPTS, MemKVServer, direct_config
+from engine_process import BLOCK
+from memkv_harness import PROMPTS, direct_config
+from memkv_server import MemKVServer
+from tp_marks import TP, TP_ENV, TP_MARKS
 
-TP = 2
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.tp,
-    pytest.mark.skipif(
-        len(os.sched_getaffinity(0)) < TP, reason=f"tensor parallelism {TP} needs {TP} CPUs"
-    ),
-]
-# The CPU platform's automatic thread binding wants one NUMA node per rank.
-TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+pytestmark = TP_MARKS
 
 
 def test_direct_tp2_cross_instance_hits_give_identical_tokens(

@@ -1,4 +1,4 @@
-"""``MemKVOffloadingSpec`` (direct mode) on real vLLM (CPU build) and a real ``memkv serve``."""
+"""`MemKVOffloadingSpec` (direct mode) on real vLLM (CPU build) and a real `memkv serve`."""
 
 from __future__ import annotations
 
@@ -6,22 +6,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from memkv_harness import (
-    BLOCK,
-    P1,
-    P3,
-    PROMPTS,
-    EngineRun,
-    MemKVServer,
-    direct_config,
-    make_prompt,
-)
+from engine_process import BLOCK, make_prompt
+from memkv_harness import P1, P3, PROMPTS, direct_config
+from memkv_server import MemKVServer
+from vllm_env import EngineRun
 
 pytestmark = pytest.mark.vllm  # real vLLM engines
 
 
 def test_direct_spec_round_trips_within_and_across_processes(
-    start_engine: Any, memkv: MemKVServer, tiny_llama: str, baseline: EngineRun
+    start_engine: Any, memkv: MemKVServer, tiny_llama: str, memkv_baseline: EngineRun
 ) -> None:
     spec = {
         "model": tiny_llama,
@@ -33,18 +27,18 @@ def test_direct_spec_round_trips_within_and_across_processes(
         ],
     }
     first = start_engine(spec, **memkv.env()).result()
-    assert first.tokens(0) == baseline.tokens(0)
-    assert first.tokens(1) == baseline.tokens(0)
+    assert first.tokens(0) == memkv_baseline.tokens(0)
+    assert first.tokens(1) == memkv_baseline.tokens(0)
     assert first.cached(1)[0] == 6 * BLOCK, first.cached(1)
     assert first.cached(1)[2] == 5 * BLOCK, first.cached(1)
 
     second = start_engine({**spec, "phases": spec["phases"][:1]}, **memkv.env()).result()
-    assert second.tokens(0) == baseline.tokens(0)
+    assert second.tokens(0) == memkv_baseline.tokens(0)
     assert second.cached(0)[0] == 6 * BLOCK, second.cached(0)
 
 
 def _vanishing_phases(between: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """P1 stored; P1 loaded back (the lookup's HIT stays cached); ``between``; P1 again,
+    """P1 stored; P1 loaded back (the lookup's HIT stays cached); `between`; P1 again,
     whose cached HIT is stale by then: its load finds nothing in MemKV."""
     return [
         {"prompts": [P1]},
@@ -55,7 +49,7 @@ def _vanishing_phases(between: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_direct_server_restart_between_lookup_and_load_recomputes(
-    start_engine: Any, memkv: MemKVServer, tiny_llama: str, baseline: EngineRun
+    start_engine: Any, memkv: MemKVServer, tiny_llama: str, memkv_baseline: EngineRun
 ) -> None:
     spec = {
         "model": tiny_llama,
@@ -71,7 +65,7 @@ def test_direct_server_restart_between_lookup_and_load_recomputes(
     engine.resume(2)
     run = engine.result()
     assert run.cached(1) == [6 * BLOCK], run.cached(1)  # loaded from MemKV
-    assert run.tokens(2) == [baseline.tokens(0)[0]]
+    assert run.tokens(2) == [memkv_baseline.tokens(0)[0]]
     assert run.cached(2) == [0], run.cached(2)  # recomputed
     assert "6 of 6 blocks not loaded; vLLM recomputes them" in run.log
 
@@ -100,23 +94,23 @@ def _evicting_run(
 
 
 def test_direct_value_evicted_between_lookup_and_load_recomputes(
-    start_engine: Any, tiny_llama: str, baseline: EngineRun, tmp_path: Path
+    start_engine: Any, tiny_llama: str, memkv_baseline: EngineRun, tmp_path: Path
 ) -> None:
     run, evictions, _ = _evicting_run(start_engine, tiny_llama, tmp_path, exists_lease_ms=0)
     assert evictions >= 6, evictions
     assert run.cached(1) == [6 * BLOCK], run.cached(1)
-    assert run.tokens(3) == [baseline.tokens(0)[0]]
+    assert run.tokens(3) == [memkv_baseline.tokens(0)[0]]
     assert run.cached(3) == [0], run.cached(3)  # recomputed
     assert "blocks not loaded; vLLM recomputes them" in run.log
 
 
 def test_direct_exists_lease_keeps_looked_up_values_until_the_load(
-    start_engine: Any, tiny_llama: str, baseline: EngineRun, tmp_path: Path
+    start_engine: Any, tiny_llama: str, memkv_baseline: EngineRun, tmp_path: Path
 ) -> None:
     # the server's default lease: P1's lookup shields its blocks; the others are evicted
     run, evictions, lease_breaks = _evicting_run(start_engine, tiny_llama, tmp_path, None)
     assert evictions >= 6, evictions
     assert lease_breaks == 0
-    assert run.tokens(3) == [baseline.tokens(0)[0]]
+    assert run.tokens(3) == [memkv_baseline.tokens(0)[0]]
     assert run.cached(3) == [6 * BLOCK], run.cached(3)  # loaded from MemKV
     assert "blocks not loaded" not in run.log

@@ -2,10 +2,10 @@
 
 Not collected by pytest (CI has no GPU). Run on a GPU host with vLLM, torch and
 transformers importable and memkv-client / memkv-vllm on PYTHONPATH (their entry point
-registered through a dist-info, see README): ``python gpu_check.py OUTDIR``. Writes
-``OUTDIR/gpu_check.json`` and exits non-zero if a check fails.
+registered through a dist-info, see README): `python memkv_gpu_check.py OUTDIR`
+(`run_memkv_gpu_check.sh` does all of it). Writes `OUTDIR/gpu_check.json` and exits non-zero if a check fails.
 
-Checks: identical tokens with the tier (``TieringOffloadingSpec``, vLLM's CUDA worker for
+Checks: identical tokens with the tier (`TieringOffloadingSpec`, vLLM's CUDA worker for
 the CPU pool); a second engine process hits through MemKV; a MemKV restart between lookup
 and load recomputes; the direct spec round-trips from CUDA KV tensors, in and across
 processes.
@@ -20,19 +20,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "tests-integration"), str(ROOT / "tools")]
 
-from memkv_harness import (
-    BLOCK,
-    P1,
-    PROMPTS,
-    Engine,
-    EngineRun,
-    MemKVServer,
-    direct_config,
-    tier_config,
-    tiny_model,
-)
+import tiny_model  # noqa: E402
+from engine_process import BLOCK, Engine  # noqa: E402
+from memkv_harness import P1, PROMPTS, direct_config, start_engine, tier_config  # noqa: E402
+from memkv_server import MemKVServer  # noqa: E402
+from vllm_env import EngineRun  # noqa: E402
 
 
 def gpu_tier_config() -> dict[str, Any]:
@@ -53,7 +48,7 @@ def main(out: Path) -> int:
     def engine(spec: dict[str, Any]) -> Engine:
         folder = out / f"engine{next(counter)}"
         folder.mkdir()
-        return Engine({"model": model, **spec}, folder, memkv.env())
+        return start_engine({"model": model, **spec}, folder, **memkv.env())
 
     def check(name: str, ok: bool, detail: Any) -> None:
         checks[name] = {"ok": bool(ok), "detail": detail}

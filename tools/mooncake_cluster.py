@@ -1,53 +1,33 @@
 """A real Mooncake Store cluster on 127.0.0.1 for tests, the benchmark and the demo.
 
-``mooncake_master`` (with its embedded HTTP metadata server) plus store processes
-(``drivers/mooncake_segment.py``) that mount memory segments; every port is a free
-ephemeral one and every endpoint is advertised on loopback (``MC_TCP_BIND_ADDRESS``).
+`mooncake_master` (with its embedded HTTP metadata server) plus store processes
+(`mooncake_segment.py` beside this file) that mount memory segments; every port is a free
+ephemeral one and every endpoint is advertised on loopback (`MC_TCP_BIND_ADDRESS`).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-SEGMENT_DRIVER = HERE / "drivers" / "mooncake_segment.py"
+from local_ports import free_port, wait_listening
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+SEGMENT_DRIVER = Path(__file__).resolve().parent / "mooncake_segment.py"
 
 
 def mooncake_master_binary() -> str | None:
-    """``mooncake_master`` next to this Python, or on PATH; None if Mooncake is missing."""
+    """`mooncake_master` next to this Python, or on PATH; None if Mooncake is missing."""
     beside = Path(sys.executable).parent / "mooncake_master"
     return str(beside) if beside.exists() else shutil.which("mooncake_master")
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mooncake_master exited; see {log}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(f"mooncake_master not listening on {port}; see {log}")
-
-
 @dataclass
 class MooncakeCluster:
-    """``mooncake_master`` + ``stores`` segment processes of ``segment_mb`` MiB each."""
+    """`mooncake_master` + `stores` segment processes of `segment_mb` MiB each."""
 
     folder: Path
     stores: int = 3
@@ -91,8 +71,8 @@ class MooncakeCluster:
                f"--metrics_port={self.metrics_port}", f"--default_kv_lease_ttl={self.lease_ms}",
                f"--client_ttl={self.client_ttl_s}", "--rpc_thread_num=2"]  # fmt: skip
         self.master = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-        _wait_port(self.rpc_port, self.master, log)
-        _wait_port(self.http_port, self.master, log)
+        wait_listening(self.rpc_port, self.master, "mooncake_master", log)
+        wait_listening(self.http_port, self.master, "mooncake_master", log)
 
     def add_store(self, segment_mb: int | None = None) -> subprocess.Popen[bytes]:
         """Start one more store process and wait until its segment is mounted."""

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from memkv_harness import P1, P3, ROOT, MemKVServer, engine_env, tier_config
-
-sys.path.insert(0, str(ROOT / "tools"))
-
+from memkv_harness import P1, P3, engine_env, tier_config
+from memkv_server import MemKVServer
 from vllm_server import VllmServer, metric_sum
 
 pytestmark = pytest.mark.vllm  # a real vLLM server

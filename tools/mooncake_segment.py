@@ -1,6 +1,6 @@
 """One Mooncake Store process that mounts a memory segment into the pool and serves it.
 
-Usage: python mooncake_segment.py MASTER METADATA_URL SEGMENT_MB. Prints ``READY`` once
+Usage: python mooncake_segment.py MASTER METADATA_URL SEGMENT_MB. Prints `READY` once
 mounted, then serves until it is killed (SIGTERM unmounts cleanly; SIGKILL is a crash).
 """
 

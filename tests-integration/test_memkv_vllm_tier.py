@@ -1,4 +1,4 @@
-"""The ``memkv`` secondary tier on real vLLM (CPU build) against a real ``memkv serve``."""
+"""The `memkv` secondary tier on real vLLM (CPU build) against a real `memkv serve`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from memkv_harness import BLOCK, P1, P3, PROMPTS, EngineRun, MemKVServer, make_prompt, tier_config
+from engine_process import BLOCK, make_prompt
+from memkv_harness import P1, P3, PROMPTS, tier_config
+from memkv_server import MemKVServer
+from vllm_env import EngineRun
 
 pytestmark = pytest.mark.vllm  # real vLLM engines
 
@@ -17,7 +20,7 @@ def _lane_totals(stats: dict[str, Any]) -> dict[str, int]:
 
 
 def test_tier_keeps_tokens_and_shares_blocks_across_processes(
-    start_engine: Any, memkv: MemKVServer, tiny_llama: str, baseline: EngineRun
+    start_engine: Any, memkv: MemKVServer, tiny_llama: str, memkv_baseline: EngineRun
 ) -> None:
     spec = {
         "model": tiny_llama,
@@ -25,14 +28,14 @@ def test_tier_keeps_tokens_and_shares_blocks_across_processes(
         "phases": [{"prompts": PROMPTS}],
     }
     first = start_engine(spec, **memkv.env()).result()
-    assert first.tokens(0) == baseline.tokens(0)
+    assert first.tokens(0) == memkv_baseline.tokens(0)
     stored = _lane_totals(memkv.stats())
     # P1 (6 blocks), P2 (2 more), P3 (5): every full block of every prompt reached MemKV
     assert stored["items"] >= 13, stored
 
     # a second engine in another process (same PYTHONHASHSEED, fresh CPU pool)
     second = start_engine(spec, **memkv.env()).result()
-    assert second.tokens(0) == baseline.tokens(0)
+    assert second.tokens(0) == memkv_baseline.tokens(0)
     assert second.cached(0)[0] == 6 * BLOCK, second.cached(0)
     assert second.cached(0)[2] == 5 * BLOCK, second.cached(0)
     after = _lane_totals(memkv.stats())
@@ -40,7 +43,7 @@ def test_tier_keeps_tokens_and_shares_blocks_across_processes(
 
 
 def test_tier_server_restart_between_lookup_and_load_recomputes(
-    start_engine: Any, memkv: MemKVServer, tiny_llama: str, baseline: EngineRun
+    start_engine: Any, memkv: MemKVServer, tiny_llama: str, memkv_baseline: EngineRun
 ) -> None:
     spec = {
         "model": tiny_llama,
@@ -57,14 +60,14 @@ def test_tier_server_restart_between_lookup_and_load_recomputes(
     memkv.restart()
     engine.resume(1)
     run = engine.result()
-    assert run.tokens(0) == [baseline.tokens(0)[0]]
-    assert run.tokens(1) == [baseline.tokens(0)[0]]
+    assert run.tokens(0) == [memkv_baseline.tokens(0)[0]]
+    assert run.tokens(1) == [memkv_baseline.tokens(0)[0]]
     assert run.cached(1) == [0]  # recomputed
     assert "could not be loaded" in run.log
 
 
 def test_tier_value_evicted_between_lookup_and_load_recomputes(
-    start_engine: Any, tiny_llama: str, baseline: EngineRun, tmp_path: Path
+    start_engine: Any, tiny_llama: str, memkv_baseline: EngineRun, tmp_path: Path
 ) -> None:
     # one lane of 512 KiB holds ~16 chunks of 32 KiB: later stores evict P1's chunks (LRU)
     memkv = MemKVServer(tmp_path / "small.log", memory="512KiB", lanes=1).start()
@@ -85,6 +88,6 @@ def test_tier_value_evicted_between_lookup_and_load_recomputes(
     finally:
         memkv.stop()
     assert evictions >= 6, evictions
-    assert run.tokens(2) == [baseline.tokens(0)[0]]
+    assert run.tokens(2) == [memkv_baseline.tokens(0)[0]]
     assert run.cached(2) == [0]  # recomputed
     assert "could not be loaded" in run.log
