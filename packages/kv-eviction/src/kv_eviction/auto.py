@@ -9,12 +9,11 @@ sees only the keys whose hash falls in a sample of rate R and holds R x C keys, 
 behaves like the full-size cache on a scaled-down key space. Every insert or touch the
 main cache sees is one access for the shadows.
 
-**Bounded cost.** R = 2**-shift is the smaller of `sample_entries` / C (a shadow never
-holds more than `sample_entries` keys) and `sample_budget` / K for K candidates, rounded
-down to a power of two: an access costs the main cache's work plus, on average, at most
-`sample_budget` shadow accesses, at every size. A shadow is a plain dict and heap (no
-chains or pins: sampled keys rarely share a prefix), a few dict and heap operations per
-access.
+**Bounded cost.** R is `sample_budget` / K for K candidates, halved until a shadow holds
+at most `sample_entries` keys (R x C <= `sample_entries`; halving, so a growing cache
+re-filters its shadows only when it doubles): an access costs the main cache's work plus,
+on average, at most `sample_budget` shadow accesses, at every size. Sampled accesses are
+queued and replayed by every shadow `BATCH` at a time (`_shadow.py`).
 
 **Paired comparison.** All shadows see the same sampled accesses, so each is compared
 with the current rule's shadow access by access: it *wins* an access it hits and the
@@ -285,7 +284,9 @@ class AutoPolicy(CandidatePolicy):
 
     def _set_rate(self, size: int) -> None:
         """The sampling rate for `size` keys; shadows drop the keys that left the sample."""
-        rate = min(self._budget_rate, self.sample_entries / max(size, 1))
+        rate = self._budget_rate
+        while size * rate > self.sample_entries:
+            rate /= 2  # halving, so a growing cache re-filters its shadows at doublings only
         lowered = rate < self._rate
         self._replay()  # queued accesses were sampled at the old rate
         self._rate = rate  # a higher rate refills as new keys arrive
