@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Build the kit that installs vLLM 0.26.0 on the H200 host (torch 2.11 + CUDA 13 image, no
 # registry). Run on the development machine from the repository root (~3-10 min):
-#   bash benchmarks/gpu/build.sh        -> .gpukit/p1/part.aa, .gpukit/p2/part.ab, .gpukit/snap
-# Each part is < 60 MiB, so one part plus the working tree fits one device run. .gpukit/snap
-# is `git archive HEAD` of packages/ and benchmarks/: the runs measure the committed code.
+#   bash benchmarks/gpu/build.sh        -> .gpukit/p1/part.aa, .gpukit/p2/part.ab
+# Each part is < 60 MiB, so one part plus the working tree fits one device run.
 set -euo pipefail
 repo=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 here="$repo/benchmarks/gpu"
@@ -33,5 +32,4 @@ tar cf kit.tar vllm.tar.xz deps
 rm -rf "$repo/.gpukit/p1" "$repo/.gpukit/p2" && mkdir -p "$repo/.gpukit/p1" "$repo/.gpukit/p2"
 split -n 2 -d kit.tar part.
 mv part.00 "$repo/.gpukit/p1/part.aa" && mv part.01 "$repo/.gpukit/p2/part.ab"
-bash "$here/snapshot.sh"
 ls -la "$repo"/.gpukit/*

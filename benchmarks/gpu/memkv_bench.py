@@ -296,7 +296,15 @@ def engine_main(role: str, mode: str, lengths: list[int], out_path: str) -> None
     warm = prompt(random.Random(1), 512)  # A stores it; B's copy is a MemKV hit: warms the path
     engine.run(warm, 1)
     engine.settle(limit_s=20)
+    sampler = None
+    if os.environ.get("MEMKV_BENCH_STACKS"):  # where B's threads spend the hits
+        from stack_sampler import StackSampler
+
+        stacks = Path(os.environ.get("OUT") or "/tmp") / f"stacks-{mode}-{role}.txt"
+        sampler = StackSampler(stacks).start()
     result = (engine_a if role == "A" else engine_b)(engine, lengths)
+    if sampler is not None:
+        sampler.stop()
     import torch
     import vllm
 

@@ -22,7 +22,7 @@ VOCAB = 32000
 # offloading off (seen on the H200, docs/benchmarks.md).
 L1_DIR = "/dev/shm/marconi-bench-l1"
 # `GPU_BENCH_L1_OVERFLOW=demote` runs ours with the seed's full-L1 behaviour (the
-# connector's `l1_overflow` key; default: the connector's default, "drop_unwritten").
+# connector's `l1_overflow` key; default: the connector's default, "demote").
 L1_OVERFLOW = os.environ.get("GPU_BENCH_L1_OVERFLOW")
 
 CONFIG = {

@@ -15,7 +15,7 @@ def test_defaults_are_single_tier_anonymous_auto() -> None:
     assert config.eviction_policy == "auto"
     assert config.eviction_options == {}
     assert config.admission_threshold == 1
-    assert config.l1_overflow == "drop_unwritten"
+    assert config.l1_overflow == "demote"
 
 
 def test_marconi_when_asked_for_is_the_seeds() -> None:

@@ -67,7 +67,7 @@ def test_l1_overflow_reaches_the_store(tmp_path: Path, overflow: str | None) -> 
     extra = {} if overflow is None else {"l1_overflow": overflow}
     config = OffloadConfig.from_extra_config(extra)
     store_config = build_store_config(fake_vllm_config(tmp_path), config, layout(), 32)
-    assert store_config.l1_overflow == (overflow or "drop_unwritten")
+    assert store_config.l1_overflow == (overflow or "demote")
 
 
 def test_pool_name_survives_restarts_and_tracks_the_checkpoint(tmp_path: Path) -> None:

@@ -142,12 +142,12 @@ class StoreConfig:
     filesystem accepts it; 'on' requires it; 'off' uses the page cache."""
     verify_on_open: bool = False
     """Read every L2 payload at start and drop slots whose checksum fails (slow; for checks)."""
-    l1_overflow: L1Overflow = "drop_unwritten"
-    """What a full L1 does with victims that have no L2 copy yet. 'drop_unwritten': demote
-    them while background L2 writes are fewer than max_inflight_io, else drop them
-    (counted in dropped_unwritten), so a new block never waits for the disk. 'demote' (the
-    seed's design): always demote; their slots free when the writes land, and blocks that
-    find no slot meanwhile are not stored (store_no_space). Without L2 both drop."""
+    l1_overflow: L1Overflow = "demote"
+    """What a full L1 does with victims that have no L2 copy yet. 'demote' (the seed's
+    design): always demote; their slots free when the writes land, and blocks that find no
+    slot meanwhile are not stored (store_no_space). 'drop_unwritten': demote them while
+    background L2 writes are fewer than max_inflight_io, else drop them (counted in
+    dropped_unwritten), so a new block never waits for the disk. Without L2 both drop."""
 
     def __post_init__(self) -> None:
         _positive_int("stride", self.stride, maximum=MAX_TIER_BYTES)

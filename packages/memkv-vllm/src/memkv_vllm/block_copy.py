@@ -20,7 +20,7 @@ from typing import Any
 
 __all__ = ["BlockCopier", "mark"]
 
-DEVICE_BUFFER_BYTES = 16 << 20  # per copier, on the cache's device
+DEVICE_BUFFER_BYTES = 32 << 20  # per copier, on the cache's device
 
 
 def mark(device: Any) -> Any:

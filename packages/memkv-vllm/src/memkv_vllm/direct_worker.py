@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm_kv_identity import key_group, weights_fingerprint
@@ -39,6 +42,17 @@ __all__ = ["MemKVDirectWorker", "choose_scratch_medium"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 MAX_BLOCKS_PER_OP = 64
+
+
+@dataclass
+class _PartDone:
+    """What one part of a job moved, and where its time went."""
+
+    nbytes: int = 0
+    failed_blocks: list[int] = field(default_factory=list)
+    missing: list[bytes] = field(default_factory=list)  # loads: keys MemKV did not have
+    network_s: float = 0.0
+    copy_s: float = 0.0
 
 
 def _chunks(n: int, size: int) -> Iterable[range]:
@@ -121,6 +135,9 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         self._kv.put_record(publish_key(config.engine_id, self.rank), record)
         n = cfg.memkv_num_threads
         self._jobs = JobRunner(n, n, max_backlog_bytes=1 << 62)
+        # a job's parts (up to `_blocks_per_op` blocks each) run on these threads, each with
+        # its own copier: one part's MemKV transfer overlaps another's GPU copies
+        self._parts = ThreadPoolExecutor(n, thread_name_prefix="memkv-direct-part")
         self._local = threading.local()
         self._load_errors = current_load_errors()  # set under MemKVOffloadingConnector
         self._load_blocks: dict[int, list[int]] = {}  # job id -> GPU blocks, loads in flight
@@ -139,7 +156,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
     # --- data path (transfer threads) ---------------------------------------------------
 
     def _copier(self) -> tuple[BlockCopier, Any]:
-        """This transfer thread's copier and its host rows (registered with the store)."""
+        """This part thread's copier and its host rows (registered with the store)."""
         mine = getattr(self._local, "copier", None)
         if mine is None:
             import torch
@@ -164,45 +181,41 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
 
     def _store(self, keys: list[bytes], block_ids: Any, after: Any) -> JobOutcome:
         plan = self._plan(keys, block_ids)
-        copier, raw = self._copier()
-        sent = failed = 0
-        for part in _chunks(len(plan), self._blocks_per_op):
-            copier.gather([(plan[i][1], plan[i][2]) for i in part], after)
-            items = [
-                (plan[i][0], raw[slot], self._value_bytes[plan[i][1]])
-                for slot, i in enumerate(part)
-            ]
-            for (_, _, n), result in zip(items, self._kv.batch_put(items), strict=True):
-                if result.ok:
-                    sent += n
-                else:
-                    failed += 1
+        parts = [plan[r.start : r.stop] for r in _chunks(len(plan), self._blocks_per_op)]
+        done = list(self._parts.map(lambda part: self._store_part(part, after), parts))
+        sent = sum(d.nbytes for d in done)
+        failed = sum(len(d.failed_blocks) for d in done)
+        self._log_job("store", len(plan), sent, done)
         if failed:
             log.warning("memkv-vllm: %d of %d blocks were not stored", failed, len(plan))
         return JobOutcome(success=not failed, nbytes=sent)
 
+    def _store_part(self, part: list[tuple[bytes, int, int]], after: Any) -> _PartDone:
+        copier, raw = self._copier()
+        started = time.perf_counter()
+        copier.gather([(group, block) for _, group, block in part], after)
+        copied = time.perf_counter()
+        items = [(name, raw[slot], self._value_bytes[group])
+                 for slot, (name, group, _) in enumerate(part)]  # fmt: skip
+        done = _PartDone(copy_s=copied - started)
+        for (_, _, n), (_, _, block), result in zip(
+            items, part, self._kv.batch_put(items), strict=True
+        ):
+            if result.ok:
+                done.nbytes += n
+            else:
+                done.failed_blocks.append(block)
+        done.network_s = time.perf_counter() - copied
+        return done
+
     def _load(self, keys: list[bytes], block_ids: Any, after: Any) -> JobOutcome:
         plan = self._plan(keys, block_ids)
-        copier, raw = self._copier()
-        got = 0
-        missing: list[bytes] = []
-        failed_blocks: list[int] = []
-        for part in _chunks(len(plan), self._blocks_per_op):
-            items = [
-                (plan[i][0], raw[slot], self._value_bytes[plan[i][1]])
-                for slot, i in enumerate(part)
-            ]
-            results = self._kv.batch_get_into(items)
-            present = []
-            for slot, i in enumerate(part):
-                name, group, block = plan[i]
-                if results[slot]:
-                    present.append((slot, group, block))
-                    got += self._value_bytes[group]
-                else:
-                    missing.append(name)
-                    failed_blocks.append(block)
-            copier.scatter(present, after)
+        parts = [plan[r.start : r.stop] for r in _chunks(len(plan), self._blocks_per_op)]
+        done = list(self._parts.map(lambda part: self._load_part(part, after), parts))
+        got = sum(d.nbytes for d in done)
+        missing = [name for d in done for name in d.missing]
+        failed_blocks = [block for d in done for block in d.failed_blocks]
+        self._log_job("load", len(plan), got, done)
         if missing:
             log.log(
                 logging.ERROR if self._load_errors is None else logging.INFO,
@@ -210,6 +223,34 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
                 "(first: %s)", len(missing), len(plan), missing[0].hex(),
             )  # fmt: skip
         return JobOutcome(success=not missing, failed_keys=failed_blocks, nbytes=got)
+
+    def _load_part(self, part: list[tuple[bytes, int, int]], after: Any) -> _PartDone:
+        copier, raw = self._copier()
+        started = time.perf_counter()
+        items = [(name, raw[slot], self._value_bytes[group])
+                 for slot, (name, group, _) in enumerate(part)]  # fmt: skip
+        results = self._kv.batch_get_into(items)
+        fetched = time.perf_counter()
+        done = _PartDone(network_s=fetched - started)
+        present = []
+        for slot, ((name, group, block), result) in enumerate(zip(part, results, strict=True)):
+            if result:
+                present.append((slot, group, block))
+                done.nbytes += self._value_bytes[group]
+            else:
+                done.missing.append(name)
+                done.failed_blocks.append(block)
+        copier.scatter(present, after)
+        done.copy_s = time.perf_counter() - fetched
+        return done
+
+    def _log_job(self, kind: str, blocks: int, nbytes: int, parts: list[_PartDone]) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "memkv-vllm: direct %s of %d blocks (%d bytes) in %d parts: MemKV %.3f s, "
+                "GPU copies %.3f s (summed over parts)", kind, blocks, nbytes, len(parts),
+                sum(p.network_s for p in parts), sum(p.copy_s for p in parts),
+            )  # fmt: skip
 
     # --- vLLM's OffloadingWorker --------------------------------------------------------
 
@@ -257,4 +298,5 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
     def shutdown(self) -> None:
         self._jobs.drain(timeout=30)
         self._jobs.shutdown()
+        self._parts.shutdown(wait=True)
         self._kv.close()

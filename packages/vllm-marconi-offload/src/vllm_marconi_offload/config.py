@@ -59,10 +59,10 @@ class OffloadConfig:
     eviction_options: Mapping[str, Any] = field(default_factory=dict)
     """Options of `eviction_policy`, the flat aliases folded in; kv-eviction validated both."""
     admission_threshold: int = 1
-    # A full L1 in front of a slower L2: "drop_unwritten" keeps storing new blocks and drops
-    # the oldest ones not yet written to L2; "demote" (the seed's design) refuses new blocks
-    # until the victims' L2 writes land.
-    l1_overflow: L1Overflow = "drop_unwritten"
+    # A full L1 in front of a slower L2: "demote" (the seed's design) refuses new blocks
+    # until the victims' L2 writes land; "drop_unwritten" keeps storing new blocks and drops
+    # the oldest ones not yet written to L2.
+    l1_overflow: L1Overflow = "demote"
     # Log a `[CPU-OFFLOAD HIT]` line every this many finished lookups.
     hit_log_interval: int = 10
     # Read bandwidth (bytes/s) assumed for L2 until measured; used to decide whether an
@@ -109,7 +109,7 @@ class OffloadConfig:
             eviction_options=options,
             admission_threshold=_int(extra, "admission_threshold", 1, minimum=1),
             l1_overflow=cast(
-                L1Overflow, _choice(extra, "l1_overflow", "drop_unwritten", L1_OVERFLOW_MODES)
+                L1Overflow, _choice(extra, "l1_overflow", "demote", L1_OVERFLOW_MODES)
             ),
             hit_log_interval=_int(extra, "hit_log_interval", 10, minimum=1),
             l2_read_bytes_per_s=_float(extra, "l2_read_bytes_per_s", 1.5e9, minimum=1.0),
