@@ -357,11 +357,11 @@ class AutoPolicy(CandidatePolicy):
     def _update_ghost(self) -> None:
         """Start the ghost of evicted keys once a doorkeeper leads or is current.
 
-        Starting it when a doorkeeper first leads gives it the confirmation epochs (one
-        turnover each) to fill before a switch, and it is kept through lapses of the lead
-        (a cold ghost makes every returning block look new); it is dropped when the policy
-        switches from a doorkeeper to a rule without one. Until then evictions cost nothing
-        extra.
+        Starting it when a doorkeeper first leads gives it the confirmation epochs (a
+        quarter turnover each; none beyond the switch's own with `confirm_epochs` 1) to
+        fill before a switch, and it is kept through lapses of the lead (a cold ghost makes
+        every returning block look new); it is dropped when the policy switches from a
+        doorkeeper to a rule without one. Until then evictions cost nothing extra.
         """
         leading = self._lead_epochs > 0 and self.candidates[self._leader].doorkeeper
         if (self.current.doorkeeper or leading) and self.ghost is None:
