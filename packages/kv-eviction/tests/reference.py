@@ -15,6 +15,8 @@ SWITCH_EVERY_EPOCH: dict[str, Any] = {
     "switch_margin": 0.0,
     "switch_sigmas": 0.0,
     "confirm_epochs": 1,
+    "smoothing": 0.0,
+    "min_discordant": 0,
 }
 """`AutoPolicy` options that sample every key and switch on any lead, every 8 accesses:
 the stress configuration of the tests that check victims while rules switch."""

@@ -57,10 +57,10 @@ def readable_ids(s: TieredStore) -> list[int]:
 
 
 @pytest.mark.usefixtures("slow_disk")
-def test_by_default_the_newest_blocks_are_stored_and_hit(
+def test_drop_unwritten_stores_and_hits_the_newest_blocks(
     make_config: MakeConfig, store_factory: Factory
 ) -> None:
-    s = store_factory(overloaded(make_config))
+    s = store_factory(overloaded(make_config, l1_overflow="drop_unwritten"))
     stored = stream(s, chains=6)  # 24 blocks through 8 slots; the disk writes 20 per second
     assert stored == [CHAIN] * 6
     st = s.stats()
@@ -78,11 +78,12 @@ def test_by_default_the_newest_blocks_are_stored_and_hit(
 
 
 @pytest.mark.usefixtures("slow_disk")
-def test_demote_mode_refuses_new_blocks_while_the_disk_catches_up(
+def test_by_default_new_blocks_are_refused_while_the_disk_catches_up(
     make_config: MakeConfig, store_factory: Factory
 ) -> None:
-    """The seed's design: victims wait for their L2 copy, so new blocks find no slot."""
-    s = store_factory(overloaded(make_config, l1_overflow="demote"))
+    """The default (`demote`, the seed's design): victims wait for their L2 copy, so new
+    blocks find no slot."""
+    s = store_factory(overloaded(make_config))
     stored = stream(s, chains=6)
     assert stored[:2] == [CHAIN, CHAIN]  # L1 had room
     assert sum(stored[2:]) < 4 * CHAIN

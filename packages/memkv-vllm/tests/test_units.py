@@ -19,6 +19,7 @@ from memkv_vllm.metrics import LOOKUPS, TierMetrics
 from memkv_vllm.naming import MAX_NAME, TierNamer, direct_key, direct_prefix
 from memkv_vllm.store_config import StoreConfig
 from memkv_vllm.store_memkv import MemKVStore
+from memkv_vllm.store_mooncake import MooncakeStore
 
 
 def test_tier_config_names_the_bad_key_and_the_accepted_values() -> None:
@@ -82,7 +83,9 @@ def test_lookup_sends_one_round_per_flush_and_caches_answers(memkv: MemKVServer)
             calls.append(names)
             return list(client.exists(names))
 
-        lookup = BatchedLookup(exists, hit_ttl=60, miss_ttl=60, timeout=5)
+        lookup = BatchedLookup(
+            exists, hit_ttl=60, miss_ttl=60, timeout=5, settings_hint=MemKVStore.settings_hint
+        )
         assert lookup.query(b"present") is Answer.PENDING
         assert lookup.query(b"absent") is Answer.PENDING
         assert lookup.query(b"present") is Answer.PENDING  # queued once
@@ -99,9 +102,17 @@ def test_lookup_sends_one_round_per_flush_and_caches_answers(memkv: MemKVServer)
         lookup.close()
 
 
+@pytest.mark.parametrize(
+    ("hint", "names"),
+    [
+        (MemKVStore.settings_hint, ("MEMKV_SERVERS", "MEMKV_CONFIG")),
+        (MooncakeStore.settings_hint, ("mooncake_master", "MEMKV_MOONCAKE_MASTER")),
+    ],
+)
 def test_lookup_round_that_hangs_or_fails_resolves_as_absent(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, hint: str, names: tuple[str, str]
 ) -> None:
+    """...and the warning names where the configured backend's address is set."""
     # vLLM's logging setup stops "vllm.*" records from reaching the root logger
     logging.getLogger("vllm.memkv_vllm").addHandler(caplog.handler)
     gate = threading.Event()
@@ -111,7 +122,9 @@ def test_lookup_round_that_hangs_or_fails_resolves_as_absent(
         gate.wait(10)
         return [True] * len(names)
 
-    lookup = BatchedLookup(hangs, hit_ttl=60, miss_ttl=60, timeout=5, clock=lambda: now[0])
+    lookup = BatchedLookup(
+        hangs, hit_ttl=60, miss_ttl=60, timeout=5, settings_hint=hint, clock=lambda: now[0]
+    )
     lookup.query(b"k")
     lookup.flush()
     now[0] = 6.0
@@ -122,7 +135,7 @@ def test_lookup_round_that_hangs_or_fails_resolves_as_absent(
     def fails(names: list[bytes]) -> list[bool]:
         raise ConnectionError("down")
 
-    lookup = BatchedLookup(fails, hit_ttl=60, miss_ttl=60, timeout=5)
+    lookup = BatchedLookup(fails, hit_ttl=60, miss_ttl=60, timeout=5, settings_hint=hint)
     lookup.query(b"k")
     lookup.flush()
     while lookup.pending():
@@ -131,7 +144,7 @@ def test_lookup_round_that_hangs_or_fails_resolves_as_absent(
     lookup.close()
     warnings = [r.getMessage() for r in caplog.records if "exists round" in r.getMessage()]
     assert len(set(warnings)) == 2  # the hung round, then the failed one
-    assert all("MEMKV_SERVERS" in w and "MEMKV_CONFIG" in w for w in warnings)
+    assert all(names[0] in w and names[1] in w for w in warnings)
     logging.getLogger("vllm.memkv_vllm").removeHandler(caplog.handler)
 
 
@@ -143,7 +156,9 @@ def test_forget_drops_cached_answers_and_the_round_in_flight() -> None:
         gate.wait(10)
         return [present[0]] * len(names)
 
-    lookup = BatchedLookup(exists, hit_ttl=60, miss_ttl=60, timeout=5)
+    lookup = BatchedLookup(
+        exists, hit_ttl=60, miss_ttl=60, timeout=5, settings_hint=MemKVStore.settings_hint
+    )
     lookup.query(b"a")
     lookup.flush()
     gate.set()

@@ -114,8 +114,8 @@ def test_reports_send_counter_increments_and_changed_gauges_only() -> None:
 
 
 def test_victims_dropped_before_reaching_l2_are_reported(tmp_path: Path) -> None:
-    """With L2 writes behind, a full L1 drops its oldest unwritten blocks to store new
-    ones (the default `l1_overflow`); the log line and the metrics count them."""
+    """With L2 writes behind, a full L1 under `l1_overflow="drop_unwritten"` drops its
+    oldest unwritten blocks to store new ones; the log line and the metrics count them."""
     config = StoreConfig(
         stride=4096,
         engine_id="stats",
@@ -124,6 +124,7 @@ def test_victims_dropped_before_reaching_l2_are_reported(tmp_path: Path) -> None
         l2=TierConfig(tmp_path / "l2", 1 << 20),
         write_through=False,
         max_inflight_io=1,
+        l1_overflow="drop_unwritten",
     )
     with TieredStore(config) as store:
         store.put([bytes([i]) * 16 for i in range(4)], [[i] * 4096 for i in range(4)])

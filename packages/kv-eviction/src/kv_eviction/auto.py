@@ -9,29 +9,30 @@ sees only the keys whose hash falls in a sample of rate R and holds R x C keys, 
 behaves like the full-size cache on a scaled-down key space. Every insert or touch the
 main cache sees is one access for the shadows.
 
-**Bounded cost.** R = 2**-shift is the smaller of `sample_entries` / C (a shadow never
-holds more than `sample_entries` keys) and `sample_budget` / K for K candidates, rounded
-down to a power of two: an access costs the main cache's work plus, on average, at most
-`sample_budget` shadow accesses, at every size. A shadow is a plain dict and heap (no
-chains or pins: sampled keys rarely share a prefix), a few dict and heap operations per
-access.
+**Bounded cost.** R is `sample_budget` / K for K candidates, halved until a shadow holds
+at most `sample_entries` keys (R x C <= `sample_entries`; halving, so a growing cache
+re-filters its shadows only when it doubles): an access costs the main cache's work plus,
+on average, at most `sample_budget` shadow accesses, at every size. Sampled accesses are
+queued and replayed by every shadow `BATCH` at a time (`_shadow.py`).
 
 **Paired comparison.** All shadows see the same sampled accesses, so each is compared
 with the current rule's shadow access by access: it *wins* an access it hits and the
 current rule misses, and *loses* the opposite (McNemar's test). After each epoch (a
 quarter turnover: C / 4 accesses, at least `min_epoch`), wins minus losses and wins plus
-losses are averaged over epochs with weight `smoothing` (0.8) on the past; a candidate
-leads when its averaged lead exceeds `switch_sigmas` (2) standard deviations of that
+losses are averaged over epochs with weight `smoothing` (0.9) on the past; a candidate
+leads when its averaged lead exceeds `switch_sigmas` (3) standard deviations of that
 average (a Poisson count of discordant accesses, shrunk by the averaging) and
-`switch_margin` (2%) of the current rule's averaged hits. Shadows of fewer than
-`min_shadow_keys` (32) keys are too coarse to stand for the cache and decide nothing, so
-below 32 / R blocks (512 with the default candidates) `auto` is LRU. The leader becomes the main rule after leading
-`confirm_epochs` (3) epochs in a row (the leader may change between those epochs, so
-near-tied rules do not restart the count), so near-ties and passing phases cause no
-churn (a switch costs hits while the cache re-forms). The first candidate, `lru`, is the
-safe default: as soon as it leads the current rule, the policy falls back to it without
-waiting. A switch re-keys the tracked keys `RESCORE_STEP` per later operation (no stall;
-victims mix both orders until the pass ends, within C / 2 operations). It starts as
+`switch_margin` (2%) of the current rule's averaged hits, and rests on at least
+`min_discordant` (25) discordant accesses (the validity condition of the normal
+approximation). Shadows of fewer than `min_shadow_keys` (32) keys are too coarse to stand
+for the cache and decide nothing, so below 32 / R blocks (320 with the default
+candidates) `auto` is LRU. The leader becomes the main rule after leading
+`confirm_epochs` (1) epochs in a row (the leader may change between those epochs); at
+3 sigmas a tie passes the test in about 0.5% of epochs for four challengers, so passing
+phases cause little churn (a switch costs hits while the cache re-forms). The first
+candidate, `lru`, is the safe default: as soon as it leads the current rule, the policy
+falls back to it. A switch re-keys the tracked keys `RESCORE_STEP` per later operation
+(no stall; victims mix both orders until the pass ends, within C / 2 operations). It starts as
 `lru`, and the shadows start with the first insert (unbounded until the first eviction
 tells the capacity), so they are warm when the first decision is due.
 
@@ -48,26 +49,26 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
-from ._ghost import Ghost
+from ._shadow import Access, Shadow
 from .candidate import (
     DOORKEEPER_LFU,
     DOORKEEPER_LRU,
-    GHOST_TURNOVERS,
     LRU,
     PROBATION_LRU,
     SEQ_MASK,
     Candidate,
     CandidatePolicy,
 )
-from .chainheap import SLOT_BITS, SLOT_MASK
+from .chainheap import SLOT_BITS, SLOT_MASK, ChainHeapPolicy
 from .policy import register_policy, reject_unknown_options
 
 __all__ = ["DEFAULT_CANDIDATES", "AutoPolicy", "Candidate", "CandidatePolicy"]
 
+BATCH = 64
+"""Sampled accesses queued before the shadows replay them (one call per shadow per batch)."""
 RESCORE_STEP = 2
 """Keys re-scored per operation after a rule switch: a pass over C keys ends within C / 2
 operations, before the next epoch can switch again."""
@@ -76,157 +77,18 @@ EPOCH_TURNOVERS = 0.25
 times per turnover, on leads averaged over about five epochs."""
 _HASH_MULT = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
+_HASH_SPACE = 1 << 64
 
 DEFAULT_CANDIDATES: tuple[Candidate, ...] = (
     LRU,
     Candidate("lfu-decay-1", reuse="linear", decay_per_turnover=1.0),
-    Candidate("lfu-decay-4", reuse="linear", decay_per_turnover=4.0),
-    Candidate("marconi-decay-1", reuse="linear", depth_weight=1.0, decay_per_turnover=1.0),
     DOORKEEPER_LRU,
     DOORKEEPER_LFU,
     PROBATION_LRU,
 )
-"""Seven rules: every shadow costs a share of the sampling budget, so near-duplicates of
-these (decays 0.25, log reuse, Marconi with decay 4) were dropped."""
-
-
-class _Shadow:
-    """A miniature simulation of one candidate on the sampled keys.
-
-    Per key: [sequence number of its live heap item, uses, depth, first time, clock at
-    last use]. Heap items are (rule key, sequence number, key), stale once the key's
-    sequence number moved on. A doorkeeper's first-time keys wait in `fresh` instead
-    (FIFO), evicted first, or once older than the probation window.
-    """
-
-    __slots__ = (
-        "candidate",
-        "capacity",
-        "discord",
-        "entries",
-        "fresh",
-        "ghost",
-        "heap",
-        "hits",
-        "lead",
-        "limit",
-        "losses",
-        "recency",
-        "score",
-        "seq",
-        "window",
-        "wins",
-    )
-
-    def __init__(self, candidate: Candidate) -> None:
-        self.candidate = candidate
-        self.recency = candidate.reuse == "recency"
-        self.entries: dict[Hashable, list[Any]] = {}
-        self.heap: list[tuple[float, int, Hashable]] = []
-        self.fresh: deque[tuple[int, int, Hashable]] = deque()
-        self.ghost: Ghost | None = None
-        self.limit = 1 << 62
-        """Keys held; unbounded until the main cache's capacity is known."""
-        self.capacity = 0
-        """The full-size cache's capacity C (the decay's unit)."""
-        self.window = 0
-        self.seq = 0
-        self.hits = self.wins = self.losses = 0
-        self.score = self.lead = self.discord = 0.0
-
-    def resize(
-        self, limit: int, capacity: int, sampled: Callable[[Hashable], bool] | None = None
-    ) -> None:
-        """Hold `limit` keys for a cache of `capacity`, keeping only `sampled` keys."""
-        self.limit = limit
-        self.capacity = capacity
-        candidate = self.candidate
-        self.window = int(candidate.probation * capacity)
-        if candidate.doorkeeper and capacity:
-            window = max(1, GHOST_TURNOVERS * limit)
-            if self.ghost is None or self.ghost.window != window:
-                self.ghost = Ghost(window)
-        if sampled is not None:
-            self.entries = {k: e for k, e in self.entries.items() if sampled(k)}
-            self.fresh = deque(f for f in self.fresh if f[2] in self.entries)
-            self._rebuild()
-        # keys already in the heap keep the decay of the old capacity until touched, as
-        # in the main cache's incremental re-keying: no O(n) work per resize
-        while len(self.entries) > limit:
-            self._evict(0)
-
-    def _rebuild(self) -> None:
-        """Re-key the heap (after a capacity change) and drop its stale items."""
-        self.heap = [
-            (self._rule_key(e[1], e[2], e[4]), e[0], k) for k, e in self.entries.items() if not e[3]
-        ]
-        heapq.heapify(self.heap)
-
-    def _rule_key(self, uses: int, depth: int, last_use: int) -> float:
-        if self.recency:
-            return 0.0  # order by sequence number alone
-        return self.candidate.log_key(uses, depth, last_use, self.capacity)
-
-    def access(self, key: Hashable, depth: int, clock: int) -> bool:
-        """One access at main-cache clock `clock`; whether it hit."""
-        self.seq += 1
-        seq = self.seq
-        entries = self.entries
-        entry = entries.get(key)
-        if entry is not None:
-            uses = entry[1] + 1
-            entry[0] = seq
-            entry[1] = uses
-            entry[3] = False
-            entry[4] = clock
-            rule_key = 0.0 if self.recency else self._rule_key(uses, entry[2], clock)
-            heapq.heappush(self.heap, (rule_key, seq, key))
-            if len(self.heap) > 2 * len(entries) + 64:
-                self._rebuild()
-            return True
-        ghost = self.ghost
-        first = ghost is not None and key not in ghost
-        entries[key] = [seq, 1, depth, first, clock]
-        if first:
-            self.fresh.append((seq, clock, key))
-        else:
-            rule_key = 0.0 if self.recency else self._rule_key(1, depth, clock)
-            heapq.heappush(self.heap, (rule_key, seq, key))
-        if len(entries) > self.limit:
-            self._evict(clock)
-        return False
-
-    def _evict(self, clock: int) -> None:
-        entries = self.entries
-        fresh = self.fresh
-        heap = self.heap
-        while True:
-            while fresh:
-                seq, _, key = fresh[0]
-                entry = entries.get(key)
-                if entry is not None and entry[3] and entry[0] == seq:
-                    break
-                fresh.popleft()  # hit since, or evicted
-            if fresh and (not heap or fresh[0][1] + self.window <= clock):
-                key = fresh.popleft()[2]
-            elif heap:
-                _, seq, key = heapq.heappop(heap)
-                entry = entries.get(key)
-                if entry is None or entry[0] != seq or entry[3]:
-                    continue  # stale
-            else:
-                return
-            del entries[key]
-            if self.ghost is not None:
-                self.ghost.add(key)
-            return
-
-    def end_epoch(self, keep: float) -> None:
-        """Fold this epoch's counts into the averages (weight `keep` on the past)."""
-        self.score = keep * self.score + (1.0 - keep) * self.hits
-        self.lead = keep * self.lead + (1.0 - keep) * (self.wins - self.losses)
-        self.discord = keep * self.discord + (1.0 - keep) * (self.wins + self.losses)
-        self.hits = self.wins = self.losses = 0
+"""Five rules, one of each kind: every shadow costs a share of the sampling budget, and the
+share per candidate decides how fast a better rule is found, so near-duplicates (decays
+0.25 and 4, log reuse, Marconi's depth term) were dropped."""
 
 
 class AutoPolicy(CandidatePolicy):
@@ -242,10 +104,11 @@ class AutoPolicy(CandidatePolicy):
         sample_budget: float = 0.5,
         min_epoch: int = 4096,
         switch_margin: float = 0.02,
-        switch_sigmas: float = 2.0,
-        confirm_epochs: int = 3,
-        smoothing: float = 0.8,
+        switch_sigmas: float = 3.0,
+        confirm_epochs: int = 1,
+        smoothing: float = 0.9,
         min_shadow_keys: int = 32,
+        min_discordant: int = 25,
     ) -> None:
         if not candidates:
             raise ValueError("option 'candidates' must name at least one Candidate")
@@ -259,12 +122,18 @@ class AutoPolicy(CandidatePolicy):
         self.confirm_epochs = confirm_epochs
         self.smoothing = smoothing
         self.min_shadow_keys = min_shadow_keys
+        self.min_discordant = min_discordant
+        """Discordant accesses (one shadow hits, the other misses) a lead must rest on:
+        25 is the textbook validity condition of McNemar's normal approximation."""
         self._leader = 0
         self._lead_epochs = 0
-        self._shadows = [_Shadow(c) for c in self.candidates]
+        self._shadows = [Shadow(c) for c in self.candidates]
+        self._pending: list[Access] = []
         self._current = 0
-        self._budget_shift = max(0, math.ceil(math.log2(len(self.candidates) / sample_budget)))
-        self._shift = self._budget_shift  # sampling rate R = 2**-shift
+        self._budget_rate = min(1.0, sample_budget / len(self.candidates))
+        self._rate = self._budget_rate  # the sampling rate R
+        self._threshold = int(self._rate * _HASH_SPACE)
+        """A key is sampled when its 64-bit multiplicative hash is below this."""
         self._accesses = 0
         self._epoch_length = min_epoch
         self._switches = 0
@@ -273,36 +142,49 @@ class AutoPolicy(CandidatePolicy):
         """Epochs averaged into the leads since they were last reset (at a switch)."""
         self._rescore_next = 0
         self._rescore_end = 0
+        self._due = self._epoch_length
+        """`_accesses` at which `_due_work` runs next: the epoch's end, or at once while a
+        re-scoring pass is pending."""
 
     # --- what the owner calls --------------------------------------------------------
 
     def insert(self, key: Hashable, parent: Hashable | None = None, depth: int = 0) -> None:
-        super().insert(key, parent, depth)
+        ChainHeapPolicy.insert(self, key, parent, depth)  # CandidatePolicy adds nothing
         self._accesses += 1
-        if not ((hash(key) * _HASH_MULT) & _MASK64) >> (64 - self._shift):
-            self._sample(key, depth)
-        if self._accesses >= self._epoch_length:
-            self._epoch_done()
-        if self._rescore_next < self._rescore_end:
-            self._rescore_step()
+        if (hash(key) * _HASH_MULT) & _MASK64 < self._threshold:
+            self._pending.append((key, depth, self.clock))
+            if len(self._pending) >= BATCH:
+                self._replay()
+        if self._accesses >= self._due:
+            self._due_work()
 
     def touch(self, key: Hashable) -> None:
-        super().touch(key)
+        ChainHeapPolicy.touch(self, key)
         self._accesses += 1
-        if not ((hash(key) * _HASH_MULT) & _MASK64) >> (64 - self._shift):
-            self._sample(key, self._depth[self._index[key] & SLOT_MASK])
-        if self._accesses >= self._epoch_length:
-            self._epoch_done()
-        if self._rescore_next < self._rescore_end:
-            self._rescore_step()
+        if (hash(key) * _HASH_MULT) & _MASK64 < self._threshold:
+            self._pending.append((key, self._depth[self._index[key] & SLOT_MASK], self.clock))
+            if len(self._pending) >= BATCH:
+                self._replay()
+        if self._accesses >= self._due:
+            self._due_work()
 
     def pop_victims(self, n: int) -> list[Hashable]:
-        size = len(self)
-        if size > self.capacity * 1.25 or size < self.capacity * 0.8:
+        size = len(self._index)
+        if size > self._resize_above or size < self._resize_below:
             self._resize(size)
         if self._rescore_next < self._rescore_end:
             self._rescore_step()
-        return super().pop_victims(n)
+        victims = ChainHeapPolicy.pop_victims(self, n)  # one call layer fewer than super()
+        if self.ghost is not None:
+            self._remember(victims)
+        return victims
+
+    def _due_work(self) -> None:
+        if self._rescore_next < self._rescore_end:
+            self._rescore_step()
+        if self._accesses >= self._epoch_length:
+            self._epoch_done()
+        self._due = 0 if self._rescore_next < self._rescore_end else self._epoch_length
 
     def start_rescore(self, candidate: Candidate, capacity: int) -> None:
         """Switch rule and/or capacity; existing keys are re-keyed a few per operation.
@@ -311,10 +193,10 @@ class AutoPolicy(CandidatePolicy):
         re-scored `RESCORE_STEP` per operation (insert, touch or pop), so a switch never
         stalls the owner. Until the pass ends, victims mix both rules' orders.
         """
-        self.candidate = candidate
-        self.capacity = capacity
+        self._set_rule(candidate, capacity)
         self._rescore_next = 0
         self._rescore_end = len(self._keys)
+        self._due = 0
 
     def finish_rescore(self) -> int:
         """Run a pending re-scoring pass (`start_rescore`) to its end now; its step count."""
@@ -369,7 +251,7 @@ class AutoPolicy(CandidatePolicy):
     @property
     def sample_rate(self) -> float:
         """The shadows' share of the key space, R."""
-        return 2.0**-self._shift
+        return self._rate
 
     def shadow_scores(self) -> dict[str, float]:
         """Averaged shadow hits per candidate."""
@@ -377,55 +259,60 @@ class AutoPolicy(CandidatePolicy):
 
     # --- tuning ----------------------------------------------------------------------
 
-    def _sample(self, key: Hashable, depth: int) -> None:
-        """A sampled access: every shadow sees it; wins and losses against the current."""
-        clock = self.clock
+    def _replay(self) -> None:
+        """Every shadow replays the queued sampled accesses; wins and losses against the
+        current rule's shadow, access by access (bit i of a hit mask is access i)."""
+        batch = self._pending
+        if not batch:
+            return
+        self._pending = []
         shadows = self._shadows
-        hits = [shadow.access(key, depth, clock) for shadow in shadows]
-        current = hits[self._current]
-        for shadow, hit in zip(shadows, hits, strict=True):
-            if hit != current:
-                if hit:
-                    shadow.wins += 1
-                else:
-                    shadow.losses += 1
-            shadow.hits += hit
+        masks = [shadow.replay(batch) for shadow in shadows]
+        current = masks[self._current]
+        for shadow, hits in zip(shadows, masks, strict=True):
+            shadow.hits += hits.bit_count()
+            shadow.wins += (hits & ~current).bit_count()
+            shadow.losses += (current & ~hits).bit_count()
 
     def _epoch_done(self) -> None:
+        self._replay()
         if self.capacity:
             self._end_epoch()
         else:  # still filling: keep the sample within `sample_entries` keys
             self._accesses = 0
-            self._set_shift(len(self))
+            self._set_rate(len(self))
 
     def _sampled(self, key: Hashable) -> bool:
-        return not ((hash(key) * _HASH_MULT) & _MASK64) >> (64 - self._shift)
+        return (hash(key) * _HASH_MULT) & _MASK64 < self._threshold
 
-    def _set_shift(self, size: int) -> None:
+    def _set_rate(self, size: int) -> None:
         """The sampling rate for `size` keys; shadows drop the keys that left the sample."""
-        shift = self._budget_shift
-        while (size >> shift) > self.sample_entries:
-            shift += 1
-        raised = shift > self._shift
-        self._shift = shift  # a higher rate refills as new keys arrive
-        if raised:
+        rate = self._budget_rate
+        while size * rate > self.sample_entries:
+            rate /= 2  # halving, so a growing cache re-filters its shadows at doublings only
+        lowered = rate < self._rate
+        self._replay()  # queued accesses were sampled at the old rate
+        self._rate = rate  # a higher rate refills as new keys arrive
+        self._threshold = int(rate * _HASH_SPACE)
+        if lowered:  # the keys below the new threshold are a subset of the old sample
             for shadow in self._shadows:
                 shadow.resize(shadow.limit, shadow.capacity, self._sampled)
 
     def _resize(self, capacity: int) -> None:
-        self._set_shift(capacity)
+        self._set_rate(capacity)
         self._epoch_length = max(int(capacity * EPOCH_TURNOVERS), self.min_epoch)
         if self.current.reuse == "recency" or self.capacity:
             # LRU keys do not depend on the capacity; after the first reading, keys keep
             # the decay of the old capacity until touched (at most 25% off), no O(n) pass
-            self.capacity = capacity
+            self._set_rule(self.candidate, capacity)
         else:
             self.start_rescore(self.current, capacity)
         if self.ghost is not None:
             self.set_ghost(capacity)
-        limit = max(1, capacity >> self._shift)
+        limit = max(1, int(capacity * self._rate))
         for shadow in self._shadows:
             shadow.resize(limit, capacity)
+        self._due = 0 if self._rescore_next < self._rescore_end else self._epoch_length
 
     def _leads(self, index: int) -> bool:
         """Whether candidate `index` beats the current rule beyond noise and margin."""
@@ -438,7 +325,11 @@ class AutoPolicy(CandidatePolicy):
         noise = self.switch_sigmas * math.sqrt(shadow.discord * shrink)
         margin = self.switch_margin * self._shadows[self._current].score
         coarse = shadow.limit < self.min_shadow_keys  # too few keys to stand for the cache
-        return index != self._current and not coarse and shadow.lead > max(noise, margin)
+        # discord / shrink is the number of discordant accesses the average stands for;
+        # below `min_discordant` the normal approximation of McNemar's test does not hold
+        few = shadow.discord < self.min_discordant * shrink
+        lead = shadow.lead > max(noise, margin)
+        return index != self._current and not coarse and not few and lead
 
     def _end_epoch(self) -> None:
         self._accesses = 0
@@ -466,11 +357,11 @@ class AutoPolicy(CandidatePolicy):
     def _update_ghost(self) -> None:
         """Start the ghost of evicted keys once a doorkeeper leads or is current.
 
-        Starting it when a doorkeeper first leads gives it the confirmation epochs (one
-        turnover each) to fill before a switch, and it is kept through lapses of the lead
-        (a cold ghost makes every returning block look new); it is dropped when the policy
-        switches from a doorkeeper to a rule without one. Until then evictions cost nothing
-        extra.
+        Starting it when a doorkeeper first leads gives it the confirmation epochs (a
+        quarter turnover each; none beyond the switch's own with `confirm_epochs` 1) to
+        fill before a switch, and it is kept through lapses of the lead (a cold ghost makes
+        every returning block look new); it is dropped when the policy switches from a
+        doorkeeper to a rule without one. Until then evictions cost nothing extra.
         """
         leading = self._lead_epochs > 0 and self.candidates[self._leader].doorkeeper
         if (self.current.doorkeeper or leading) and self.ghost is None:
@@ -499,12 +390,16 @@ def _build(**options: Any) -> AutoPolicy:
         "confirm_epochs",
         "smoothing",
         "min_shadow_keys",
+        "min_discordant",
     )
     reject_unknown_options("auto", options, accepted)
     for name in ("sample_entries", "min_epoch", "confirm_epochs", "min_shadow_keys"):
         value = options.get(name, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"option {name!r} must be an int >= 1; got {value!r}")
+    discordant = options.get("min_discordant", 0)
+    if isinstance(discordant, bool) or not isinstance(discordant, int) or discordant < 0:
+        raise ValueError(f"option 'min_discordant' must be an int >= 0; got {discordant!r}")
     sigmas = options.get("switch_sigmas", 0.0)
     if isinstance(sigmas, bool) or not isinstance(sigmas, int | float) or not sigmas >= 0:
         raise ValueError(f"option 'switch_sigmas' must be a number >= 0; got {sigmas!r}")

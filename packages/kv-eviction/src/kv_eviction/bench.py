@@ -6,7 +6,9 @@ Keys are ints grouped in prefix chains of `--chain` blocks. For each policy and 
 the policy is filled with N keys and one victim is popped (so `auto` knows the cache is
 full and runs its shadow caches), then `--ops` operations of each kind are timed on
 top: `insert` (new chains; at most N/2 of them, as for `evict`), `touch` (hits walking whole random chains root to leaf, as
-a prefix lookup does) and `evict` (`pop_victims(1)`, leaf-first). Time is the process's
+a prefix lookup does) and `evict` (`pop_victims(1)`, leaf-first; where N/2 is below
+20,000, timed chunks of N/20 evictions alternate with untimed refills of as many keys,
+so the size stays put, until 20,000 evictions are timed). Time is the process's
 CPU time (so time spent descheduled by other load does not count); each phase runs in 10
 chunks and the median chunk is kept, which discounts bursts of other load on a shared
 machine (and a one-off `auto` rule switch, whose cost is reported separately); the
@@ -37,6 +39,7 @@ from .policy import EvictionPolicy, make_policy
 
 DEFAULT_POLICIES = ("lru", "marconi", "auto", "auto-doorkeeper")
 CHUNKS = 10
+EVICT_MIN = 20_000
 POLICY_OPTIONS: dict[str, dict[str, object]] = {
     "lru": {},
     "marconi": {"decay": 0.001, "reuse_mode": "log"},
@@ -139,7 +142,18 @@ def measure_ops(name: str, size: int, ops: int, chain: int, seed: int) -> dict[s
         for _ in range(stop - start):
             pop(1)
 
-    result["evict"] = _timed_chunks(do_evict, grow)
+    if grow >= min(ops, EVICT_MIN):
+        result["evict"] = _timed_chunks(do_evict, grow)
+    else:  # small N: timed chunks of evictions alternate with untimed refills of the
+        # same count, so the size stays put, until EVICT_MIN evictions are timed
+        step = max(1, grow // CHUNKS)
+        refill = size + grow
+        costs: list[float] = []
+        while len(costs) * step < min(ops, EVICT_MIN):
+            costs.append(_timed_chunks(do_evict, step, chunks=1))
+            _fill(policy, list(range(refill, refill + step)), chain, start=refill)
+            refill += step
+        result["evict"] = statistics.median(costs)
     if isinstance(policy, AutoPolicy):
         switch_to = policy.candidates[-1]
 

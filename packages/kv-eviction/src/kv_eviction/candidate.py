@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,11 +75,22 @@ class Candidate:
 
     def log_key(self, uses: int, depth: int, last_use: int, capacity: int) -> float:
         """The rule's log-space key (lower is evicted first)."""
-        if self.reuse == "recency":
-            return 0.0
-        reuse = math.log(uses) if self.reuse == "linear" else math.log(math.log1p(uses))
+        return self.key_function(capacity)(uses, depth, last_use)
+
+    def key_function(self, capacity: int) -> Callable[[int, int, int], float]:
+        """`log_key` for one capacity, as a function of (uses, depth, last use)."""
         decay = self.decay_per_turnover / max(capacity, 1)
-        return reuse - self.depth_weight * math.log1p(depth) + decay * last_use
+        weight = self.depth_weight
+        log, log1p = math.log, math.log1p
+        if self.reuse == "recency":
+            return lambda uses, depth, last_use: 0.0
+        if self.reuse == "linear":
+            return lambda uses, depth, last_use: (
+                log(uses) - weight * log1p(depth) + decay * last_use
+            )
+        return lambda uses, depth, last_use: (
+            log(log1p(uses)) - weight * log1p(depth) + decay * last_use
+        )
 
 
 GHOST_TURNOVERS = 4
@@ -98,7 +109,8 @@ class CandidatePolicy(ChainHeapPolicy):
         super().__init__()
         self.candidate = candidate
         self.capacity = capacity
-        """Capacity C used by the decay; 0 until known."""
+        """Capacity C used by the decay; 0 until known. Both change only by `_set_rule`."""
+        self._set_rule(candidate, capacity)
         self.clock = 0
         """Inserted blocks so far: the age unit."""
         self.ghost: Ghost | None = None
@@ -107,6 +119,17 @@ class CandidatePolicy(ChainHeapPolicy):
         self._depth = array("I")
         self._last = array("q")
         self._first_time = bytearray()
+
+    def _set_rule(self, candidate: Candidate, capacity: int) -> None:
+        """Order new and re-keyed keys by `candidate` at `capacity`."""
+        self.candidate = candidate
+        self.capacity = capacity
+        self._recency = candidate.reuse == "recency"
+        self._doorkeeper = candidate.doorkeeper
+        self._log_key = candidate.key_function(capacity)
+        # the owner's capacity is re-read when the tracked keys leave this band (25%)
+        self._resize_above = capacity * 1.25
+        self._resize_below = capacity * 0.8
 
     def _grow(self) -> None:
         self._uses.append(0)
@@ -132,12 +155,16 @@ class CandidatePolicy(ChainHeapPolicy):
         return bool(side) and self._last[side[0] & SLOT_MASK] + window <= self.clock
 
     def pop_victims(self, n: int) -> list[Hashable]:
-        victims = super().pop_victims(n)
-        ghost = self.ghost
-        if ghost is not None:
-            for key in victims:
-                ghost.add(key)
+        victims = ChainHeapPolicy.pop_victims(self, n)
+        if self.ghost is not None:
+            self._remember(victims)
         return victims
+
+    def _remember(self, victims: list[Hashable]) -> None:
+        """Add evicted keys to the doorkeeper's ghost (the caller checked it exists)."""
+        add = self.ghost.add  # type: ignore[union-attr]
+        for key in victims:
+            add(key)
 
     def remove(self, key: Hashable) -> None:
         super().remove(key)
@@ -145,19 +172,16 @@ class CandidatePolicy(ChainHeapPolicy):
             self.ghost.add(key)
 
     def _priority(self, slot: int, seq: int) -> int:
-        candidate = self.candidate
-        if candidate.doorkeeper and self._first_time[slot]:
+        if self._doorkeeper and self._first_time[slot]:
             return _PROBATION | seq
-        if candidate.reuse == "recency":
+        if self._recency:
             return seq
-        key = self.candidate.log_key(
-            self._uses[slot], self._depth[slot], self._last[slot], self.capacity
-        )
+        key = self._log_key(self._uses[slot], self._depth[slot], self._last[slot])
         return (float_order_bits(key) << SEQ_BITS) | seq
 
     def _priority_on_insert(self, slot: int, depth: int, seq: int) -> int:
         self.clock += 1
-        if self.candidate.doorkeeper:
+        if self._doorkeeper:
             ghost = self.ghost
             parent = self._parent[slot]
             if ghost is None or (parent >= 0 and self._first_time[parent]):
@@ -172,7 +196,7 @@ class CandidatePolicy(ChainHeapPolicy):
         self._uses[slot] = 1
         self._depth[slot] = depth
         self._last[slot] = self.clock
-        if self.candidate.reuse == "recency" and not self._first_time[slot]:
+        if self._recency and not self._first_time[slot]:
             return seq  # LRU keys are the sequence number
         return self._priority(slot, seq)
 
@@ -180,16 +204,17 @@ class CandidatePolicy(ChainHeapPolicy):
         self._first_time[slot] = 0
         uses = self._uses[slot]
         if uses < 0xFFFFFFFF:
-            self._uses[slot] = uses + 1
+            uses += 1
+            self._uses[slot] = uses
         self._last[slot] = self.clock
-        if self.candidate.reuse == "recency":
+        if self._recency:
             return seq  # a hit ends probation; LRU keys are the sequence number
-        return self._priority(slot, seq)
+        key = self._log_key(uses, self._depth[slot], self.clock)
+        return (float_order_bits(key) << SEQ_BITS) | seq
 
     def rescore(self, candidate: Candidate, capacity: int) -> None:
         """Switch rule and/or capacity: re-key every tracked key, keeping recency ties."""
-        self.candidate = candidate
-        self.capacity = capacity
+        self._set_rule(candidate, capacity)
         index = self._index
         for key, item in index.items():
             slot = item & SLOT_MASK
@@ -220,12 +245,12 @@ class RulePolicy(CandidatePolicy):
         self.name = candidate.name
 
     def pop_victims(self, n: int) -> list[Hashable]:
-        size = len(self)
-        if size > self.capacity * 1.25 or size < self.capacity * 0.8:
+        size = len(self._index)
+        if size > self._resize_above or size < self._resize_below:
             if self.candidate.reuse == "recency" or self.capacity:
                 # LRU keys do not depend on the capacity; after the first reading, keys
                 # keep the old capacity's decay until touched (at most 25% off)
-                self.capacity = size
+                self._set_rule(self.candidate, size)
             else:
                 self.rescore(self.candidate, size)  # once: the keys so far had no capacity
             if self.candidate.doorkeeper:

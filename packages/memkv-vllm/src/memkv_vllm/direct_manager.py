@@ -99,6 +99,7 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
             hit_ttl=cfg.memkv_lookup_hit_ttl,
             miss_ttl=cfg.memkv_lookup_miss_ttl,
             timeout=cfg.memkv_lookup_timeout_s,
+            settings_hint=self._kv.settings_hint,
         )
         load_errors = current_load_errors()  # set under MemKVOffloadingConnector
         if load_errors is not None:

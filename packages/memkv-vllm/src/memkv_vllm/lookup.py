@@ -21,7 +21,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 __all__ = ["Answer", "BatchedLookup"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
-_WHERE = "MemKV servers are set by MEMKV_SERVERS or the servers: field of MEMKV_CONFIG"
 
 
 class Answer(enum.Enum):
@@ -47,9 +46,11 @@ class BatchedLookup:
         hit_ttl: float,
         miss_ttl: float,
         timeout: float,
+        settings_hint: str,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._exists = exists
+        self._settings_hint = settings_hint
         self._hit_ttl = hit_ttl
         self._miss_ttl = miss_ttl
         self._timeout = timeout
@@ -162,7 +163,7 @@ class BatchedLookup:
                 self.errors += 1
                 log.warning(
                     "memkv-vllm: exists round failed (%s); treating keys as absent (%s)",
-                    exc, _WHERE,
+                    exc, self._settings_hint,
                 )  # fmt: skip
                 flags = [False] * len(self._inflight)
         elif now - self._round_started > self._timeout:
@@ -170,7 +171,7 @@ class BatchedLookup:
             log.warning(
                 "memkv-vllm: exists round unanswered after %.1fs; treating %d keys as absent "
                 "(%s)",
-                self._timeout, len(self._inflight), _WHERE,
+                self._timeout, len(self._inflight), self._settings_hint,
             )  # fmt: skip
             flags = [False] * len(self._inflight)
         else:

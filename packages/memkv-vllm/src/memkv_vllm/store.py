@@ -81,6 +81,9 @@ class KVStore(Protocol):
     backend: str
     """`memkv` or `mooncake` (for logs and metrics)."""
 
+    settings_hint: str
+    """Where users set this backend's address, for errors about reaching it."""
+
     @property
     def has_rdma(self) -> bool:
         """Whether values move over RDMA (False: TCP)."""

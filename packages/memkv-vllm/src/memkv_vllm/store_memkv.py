@@ -59,6 +59,7 @@ class MemKVStore:
     """The store interface over `memkv_client.Client` (see `.store.KVStore`)."""
 
     backend = "memkv"
+    settings_hint = "MemKV servers are set by MEMKV_SERVERS or the servers: field of MEMKV_CONFIG"
 
     def __init__(self, config: StoreConfig, probe: bool, who: str) -> None:
         self._client = _client()

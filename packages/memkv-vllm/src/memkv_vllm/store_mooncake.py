@@ -79,6 +79,10 @@ class MooncakeStore:
     """
 
     backend = "mooncake"
+    settings_hint = (
+        "Mooncake Store is set by mooncake_master and mooncake_metadata_server "
+        "(MEMKV_MOONCAKE_MASTER, MEMKV_MOONCAKE_METADATA_SERVER)"
+    )
 
     def __init__(self, config: StoreConfig, who: str, gpu: int | None = None) -> None:
         try:

@@ -113,6 +113,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
             hit_ttl=self.cfg.lookup_hit_ttl_s,
             miss_ttl=self.cfg.lookup_miss_ttl_s,
             timeout=self.cfg.lookup_timeout_s,
+            settings_hint=self._kv.settings_hint,
         )
         self._jobs = JobRunner(
             self.cfg.n_read_threads, self.cfg.n_write_threads, self.cfg.max_store_backlog_mb << 20
