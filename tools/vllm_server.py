@@ -34,7 +34,9 @@ class VllmServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 300) -> VllmServer:
+    def start(self, timeout: float = 600) -> VllmServer:
+        """Launch and wait until /health answers; a process that exits fails at once, a
+        slow start (a busy machine compiles and profiles for minutes) only after `timeout`."""
         cmd = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model, "--host", "127.0.0.1", "--port", str(self.port),
