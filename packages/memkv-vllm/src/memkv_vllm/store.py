@@ -132,7 +132,8 @@ class KVStore(Protocol):
 def open_store(config: StoreConfig, probe: bool, who: str, gpu: int | None = None) -> KVStore:
     """The store `config.backend` names; with `probe`, fail now if it is unreachable.
 
-    `gpu` is the caller's GPU index (Mooncake over RDMA picks the NIC next to it).
+    `gpu` is the caller's CUDA device index, None without one: over RDMA, either backend
+    drives the NIC next to that GPU (see `MemKVStore`, `MooncakeStore`).
     """
     if config.backend == "mooncake":
         from .store_mooncake import MooncakeStore
@@ -140,4 +141,4 @@ def open_store(config: StoreConfig, probe: bool, who: str, gpu: int | None = Non
         return MooncakeStore(config, who, gpu)
     from .store_memkv import MemKVStore
 
-    return MemKVStore(config, probe, who)
+    return MemKVStore(config, probe, who, gpu)

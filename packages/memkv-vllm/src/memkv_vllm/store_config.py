@@ -25,7 +25,7 @@ from typing import Any
 
 from .config import ConfigError
 
-__all__ = ["BACKENDS", "PROTOCOLS", "StoreConfig", "store_keys", "yaml_settings"]
+__all__ = ["BACKENDS", "PROTOCOLS", "StoreConfig", "store_keys", "yaml_file", "yaml_settings"]
 
 BACKENDS = ("memkv", "mooncake")
 PROTOCOLS = ("tcp", "rdma")
@@ -116,8 +116,9 @@ def store_keys(prefix: str) -> frozenset[str]:
     return frozenset(prefix + f.name for f in dataclasses.fields(StoreConfig))
 
 
-def yaml_settings(env: Mapping[str, str]) -> tuple[dict[str, Any], str]:
-    """Our keys from the `MEMKV_CONFIG` file (`{}` without one) and its path."""
+def yaml_file(env: Mapping[str, str]) -> tuple[dict[str, Any], str]:
+    """Every setting in the `MEMKV_CONFIG` file (ours and memkv-client's; `{}` without
+    one) and its path."""
     path = env.get("MEMKV_CONFIG")
     if not path:
         return {}, ""
@@ -129,6 +130,12 @@ def yaml_settings(env: Mapping[str, str]) -> tuple[dict[str, Any], str]:
         raise ConfigError("MEMKV_CONFIG", path, f"cannot read it: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError("MEMKV_CONFIG", path, "must hold a mapping of settings")
+    return data, path
+
+
+def yaml_settings(env: Mapping[str, str]) -> tuple[dict[str, Any], str]:
+    """Our keys from the `MEMKV_CONFIG` file (`{}` without one) and its path."""
+    data, path = yaml_file(env)
     ours = {f.name for f in dataclasses.fields(StoreConfig)}
     return {k: v for k, v in data.items() if k in ours}, path
 

@@ -1,23 +1,27 @@
 """`MemKVStore`: the store interface over our `memkv serve` cluster (`memkv_client`).
 
 A thin adapter: connection settings come from `MEMKV_CONFIG` / `MEMKV_*` exactly as for
-`memkv_client`; the batch calls pass the caller's buffers straight to the client (no
+`memkv_client`, except that a rank with a GPU drives RDMA through its GPU's NIC (see
+`MemKVStore`); the batch calls pass the caller's buffers straight to the client (no
 Python-side copies). Written against the client's public API only; its per-item results
 are read through `bool()` and an optional `cause`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .rdma_nic import rank_nic
 from .store import Item, ItemOutcome, StoreCounters
-from .store_config import StoreConfig, yaml_settings
+from .store_config import StoreConfig, store_keys, yaml_file
 
 if TYPE_CHECKING:
-    from memkv_client import Client
+    from memkv_client import Client, Config
 
 __all__ = ["MemKVStore", "servers_source"]
 
@@ -38,31 +42,60 @@ def servers_source(env: Mapping[str, str] = os.environ) -> str:
     )
 
 
-def _client() -> Client:
-    """A `memkv_client.Client`; a `MEMKV_CONFIG` that also holds memkv-vllm's store
-    keys is read without them (the client rejects keys it does not know)."""
+def _client_config(env: Mapping[str, str]) -> tuple[Config, str]:
+    """memkv-client's settings, and the `MEMKV_CONFIG` path if that file sets
+    `rdma_devices` (else ""). A `MEMKV_CONFIG` that also holds memkv-vllm's store keys is
+    read without them (the client rejects keys it does not know)."""
     import memkv_client
 
-    ours, path = yaml_settings(os.environ)
-    if not ours:
-        return memkv_client.Client()
-    import yaml
-
-    with open(path) as handle:
-        data = yaml.safe_load(handle) or {}
+    data, path = yaml_file(env)
+    devices_in = path if "rdma_devices" in data else ""
+    ours = store_keys("")
+    if not ours & data.keys():
+        return memkv_client.load_config(env), devices_in
     rest = {k: v for k, v in data.items() if k not in ours}
-    env = {k: v for k, v in os.environ.items() if k != "MEMKV_CONFIG"}
-    return memkv_client.Client(config=memkv_client.load_config(env, **rest))
+    client_env = {k: v for k, v in env.items() if k != "MEMKV_CONFIG"}
+    return memkv_client.load_config(client_env, **rest), devices_in
+
+
+def _client(gpu: int | None, sysfs: str | Path) -> Client:
+    """A `memkv_client.Client`; on GPU `gpu`'s NIC where `MemKVStore` says so."""
+    import memkv_client
+
+    config, devices_in = _client_config(os.environ)
+    if gpu is not None and config.transport is not memkv_client.Transport.TCP:
+        candidates = config.rdma_devices if devices_in else None
+        source = f"rdma_devices in MEMKV_CONFIG {devices_in}"
+        nic = rank_nic(gpu, candidates, source, sysfs)
+        if nic is not None:
+            config = dataclasses.replace(config, rdma_devices=(nic,))
+    return memkv_client.Client(config=config)
 
 
 class MemKVStore:
-    """The store interface over `memkv_client.Client` (see `.store.KVStore`)."""
+    """The store interface over `memkv_client.Client` (see `.store.KVStore`).
+
+    `gpu` is this rank's CUDA device (None in the scheduler). A rank with a GPU, whose
+    `transport` allows RDMA, drives RDMA through the NIC closest to its GPU (`PIX`: on
+    its PCIe switch, read from `sysfs`; `.rdma_nic.rank_nic`), logged once. The
+    candidates are the `rdma_devices` the user set (in `MEMKV_CONFIG`, else
+    `MEMKV_RDMA_DEVICES`), else every NIC with an active port: the client's default
+    `mlx5_0` pins no rank. Without a GPU, or with no candidate NIC in sysfs, the
+    client's own `rdma_devices` stays as it is.
+    """
 
     backend = "memkv"
     settings_hint = "MemKV servers are set by MEMKV_SERVERS or the servers: field of MEMKV_CONFIG"
 
-    def __init__(self, config: StoreConfig, probe: bool, who: str) -> None:
-        self._client = _client()
+    def __init__(
+        self,
+        config: StoreConfig,
+        probe: bool,
+        who: str,
+        gpu: int | None = None,
+        sysfs: str | Path = "/sys",
+    ) -> None:
+        self._client = _client(gpu, sysfs)
         self._counters = StoreCounters()
         if probe:
             self._probe(who)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .rdma_nic import rank_nic
 from .store import Item, ItemOutcome, StoreCounters
 from .store_config import StoreConfig
 
@@ -64,11 +65,7 @@ def _address(buffer: Any) -> tuple[int, int]:
 def _rdma_devices(config: StoreConfig, gpu: int | None) -> str:
     if config.mooncake_protocol != "rdma" or config.mooncake_rdma_devices:
         return config.mooncake_rdma_devices
-    from memkv_client.topology import choose_nic
-
-    choice = choose_nic(gpu)
-    log.info("memkv-vllm: RDMA device for GPU %s: %s", gpu, choice.describe())
-    return choice.nic or ""  # "": Mooncake discovers the devices itself
+    return rank_nic(gpu) or ""  # "": Mooncake discovers the devices itself
 
 
 class MooncakeStore:
