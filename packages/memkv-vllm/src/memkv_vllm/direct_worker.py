@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -49,6 +48,10 @@ log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 MAX_BLOCKS_PER_OP = 64
 
 
+_Planned = tuple[bytes, int, int]
+"""One block of a job: (MemKV name, KV cache group, GPU block id)."""
+
+
 @dataclass
 class _PartDone:
     """What one part of a job moved, and where its time went."""
@@ -60,9 +63,9 @@ class _PartDone:
     copy_s: float = 0.0
 
 
-def _chunks(n: int, size: int) -> Iterable[range]:
-    for start in range(0, n, size):
-        yield range(start, min(n, start + size))
+def _parts(plan: list[_Planned], size: int) -> list[list[_Planned]]:
+    """`plan` in consecutive parts of at most `size` blocks."""
+    return [plan[start : start + size] for start in range(0, len(plan), size)]
 
 
 def choose_scratch_medium(setting: str, device: torch.device, has_rdma: bool) -> str:
@@ -109,7 +112,6 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         budget = cfg.memkv_scratch_mb_per_thread << 20
         self._blocks_per_op = max(1, min(MAX_BLOCKS_PER_OP, budget // self._slot))
         device = self._device = self._tensors[0].device
-        self._pinned = device.type == "cuda"
         self._kv = open_store(
             StoreConfig.resolve(spec.extra_config, "kv_connector_extra_config", "memkv_"),
             False,
@@ -142,7 +144,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         self._jobs = JobRunner(n, n, max_backlog_bytes=1 << 62)
         # a job's parts (up to `_blocks_per_op` blocks each) run on these threads, each with
         # its own copier: one part's MemKV transfer overlaps another's GPU copies
-        self._parts = ThreadPoolExecutor(n, thread_name_prefix="memkv-direct-part")
+        self._part_pool = ThreadPoolExecutor(n, thread_name_prefix="memkv-direct-part")
         self._local = threading.local()
         self._load_errors = current_load_errors()  # set under MemKVOffloadingConnector
         self._load_blocks: dict[int, list[int]] = {}  # job id -> GPU blocks, loads in flight
@@ -167,14 +169,16 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             import torch
 
             rows = torch.empty(
-                (self._blocks_per_op, self._slot), dtype=torch.int8, pin_memory=self._pinned
+                (self._blocks_per_op, self._slot),
+                dtype=torch.int8,
+                pin_memory=self._device.type == "cuda",
             )
             raw = rows.numpy()
             self._kv.register(raw)  # zero-copy where the store can
             mine = self._local.copier = (BlockCopier(self._tensors, self._groups, rows), raw)
         return mine
 
-    def _plan(self, keys: list[bytes], block_ids: np.ndarray) -> list[tuple[bytes, int, int]]:
+    def _plan(self, keys: list[bytes], block_ids: np.ndarray) -> list[_Planned]:
         ids = [int(b) for b in block_ids]
         if len(ids) != len(keys):
             raise RuntimeError(f"{len(keys)} keys for {len(ids)} GPU blocks")
@@ -188,8 +192,11 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         self, keys: list[bytes], block_ids: np.ndarray, after: torch.cuda.Event | None
     ) -> JobOutcome:
         plan = self._plan(keys, block_ids)
-        parts = [plan[r.start : r.stop] for r in _chunks(len(plan), self._blocks_per_op)]
-        done = list(self._parts.map(lambda part: self._store_part(part, after), parts))
+        done = list(
+            self._part_pool.map(
+                lambda part: self._store_part(part, after), _parts(plan, self._blocks_per_op)
+            )
+        )
         sent = sum(d.nbytes for d in done)
         failed = sum(len(d.failed_blocks) for d in done)
         self._log_job("store", len(plan), sent, done)
@@ -197,9 +204,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             log.warning("memkv-vllm: %d of %d blocks were not stored", failed, len(plan))
         return JobOutcome(success=not failed, nbytes=sent)
 
-    def _store_part(
-        self, part: list[tuple[bytes, int, int]], after: torch.cuda.Event | None
-    ) -> _PartDone:
+    def _store_part(self, part: list[_Planned], after: torch.cuda.Event | None) -> _PartDone:
         copier, raw = self._copier()
         started = time.perf_counter()
         copier.gather([(group, block) for _, group, block in part], after)
@@ -221,8 +226,11 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         self, keys: list[bytes], block_ids: np.ndarray, after: torch.cuda.Event | None
     ) -> JobOutcome:
         plan = self._plan(keys, block_ids)
-        parts = [plan[r.start : r.stop] for r in _chunks(len(plan), self._blocks_per_op)]
-        done = list(self._parts.map(lambda part: self._load_part(part, after), parts))
+        done = list(
+            self._part_pool.map(
+                lambda part: self._load_part(part, after), _parts(plan, self._blocks_per_op)
+            )
+        )
         got = sum(d.nbytes for d in done)
         missing = [name for d in done for name in d.missing]
         failed_blocks = [block for d in done for block in d.failed_blocks]
@@ -235,9 +243,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             )  # fmt: skip
         return JobOutcome(success=not missing, failed_keys=failed_blocks, nbytes=got)
 
-    def _load_part(
-        self, part: list[tuple[bytes, int, int]], after: torch.cuda.Event | None
-    ) -> _PartDone:
+    def _load_part(self, part: list[_Planned], after: torch.cuda.Event | None) -> _PartDone:
         copier, raw = self._copier()
         started = time.perf_counter()
         items = [(name, raw[slot], self._value_bytes[group])
@@ -320,5 +326,5 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
     def shutdown(self) -> None:
         self._jobs.drain(timeout=30)
         self._jobs.shutdown()
-        self._parts.shutdown(wait=True)
+        self._part_pool.shutdown(wait=True)
         self._kv.close()
