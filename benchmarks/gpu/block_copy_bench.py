@@ -23,15 +23,11 @@ import repo_path
 repo_path.add_sources()
 
 import torch  # noqa: E402
+from gpu_timing import rate, sync, timed  # noqa: E402
 from memkv_vllm.block_copy import BlockCopier, mark  # noqa: E402
 
 LAYERS, PAGE, ROWS = 32, 64 << 10, 64
 CUDA = torch.cuda.is_available()  # without CUDA: a functional check on CPU
-
-
-def sync() -> None:
-    if CUDA:
-        torch.cuda.synchronize()
 
 
 def run(kind: str, tensors: list[torch.Tensor], blocks: list[int], threads: int) -> float:
@@ -76,13 +72,7 @@ def main() -> None:
 
     host = torch.empty((ROWS, LAYERS * PAGE), dtype=torch.int8, pin_memory=CUDA)
     flat = torch.empty_like(host, device=dev)
-    ceiling = []
-    for _ in range(args.reps):
-        sync()
-        t = time.perf_counter()
-        host.copy_(flat, non_blocking=True)
-        sync()
-        ceiling.append(host.numel() / (time.perf_counter() - t) / 1e9)
+    ceiling = rate(host.numel(), timed(lambda: host.copy_(flat, non_blocking=True), args.reps))
 
     # correctness: gather src blocks, scatter them into dst blocks, compare
     check = BlockCopier(tensors, [[(t, PAGE) for t in range(LAYERS)]], host)
@@ -92,7 +82,7 @@ def main() -> None:
     same = all(torch.equal(t[src[:ROWS]], t[dst[:ROWS]]) for t in tensors)
 
     result: dict[str, object] = {"blocks": args.blocks, "block_bytes": LAYERS * PAGE,
-                                 "pinned_ceiling_GBps": max(ceiling), "round_trip_ok": same}  # fmt: skip
+                                 "pinned_ceiling_GBps": ceiling["best_GBps"], "round_trip_ok": same}  # fmt: skip
     for threads in [int(n) for n in args.threads.split(",")]:
         for kind, ids in (("gather", src), ("scatter", dst)):
             rates = [run(kind, tensors, ids, threads) for _ in range(args.reps)]

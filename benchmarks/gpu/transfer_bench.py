@@ -35,6 +35,7 @@ import repo_path
 repo_path.worker_modules()
 
 import torch  # noqa: E402
+from gpu_timing import rate, timed  # noqa: E402
 from kvpool_mmap import StoreConfig, TierConfig  # noqa: E402
 from vllm_marconi_offload.layout import SlotLayout  # noqa: E402
 from vllm_marconi_offload.metadata import BlockTransfer, OffloadMetadata, TransferJob  # noqa: E402
@@ -62,30 +63,6 @@ def layout_for(names: list[str], num_blocks: int) -> SlotLayout:
     return SlotLayout.from_kv_cache_config(
         SimpleNamespace(kv_cache_groups=[group], num_blocks=num_blocks)
     )
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def timed(fn: Callable[[], None], reps: int) -> list[float]:
-    times = []
-    for _ in range(reps):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def rate(nbytes: int, times: list[float]) -> dict[str, float]:
-    return {
-        "best_GBps": round(nbytes / min(times) / 1e9, 2),
-        "median_GBps": round(nbytes / statistics.median(times) / 1e9, 2),
-        "median_ms": round(statistics.median(times) * 1e3, 2),
-    }
 
 
 def ceilings(nbytes: int, reps: int, pool: torch.Tensor) -> dict[str, Any]:
