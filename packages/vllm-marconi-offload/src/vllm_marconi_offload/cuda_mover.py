@@ -37,6 +37,9 @@ CHUNK_BYTES = 128 << 20
 # Loads reuse a buffer once its GPU-local scatter is done, so a few keep the link busy;
 # stores reuse one only once it has crossed the link, so they get the rest.
 LOAD_RING_CHUNKS = 4
+# Kernels that read or write L1 rows over PCIe launch this many programs per SM: enough to
+# keep the link busy, few enough to leave the SMs to the forward pass beside them.
+HOST_PROGRAMS_PER_SM = 1
 # Stores: a whole 16k-token prefill chunk of an 8B model (2 GiB); loads: 4 chunks.
 DEFAULT_STAGING_BYTES = (2 << 30) + LOAD_RING_CHUNKS * CHUNK_BYTES
 # A chunk whose slots form more runs than this moves by kernel, not one DMA per run.
@@ -134,6 +137,8 @@ class CudaBlockMover:
                     "use VLLM_MARCONI_OFFLOAD_COPY=async"
                 )
         self._direct = direct
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        self._host_programs = HOST_PROGRAMS_PER_SM * sms
         share = staging_bytes // max(1, len(layers))  # the groups split the staging budget
         for group_id, group in layers.items():
             width = sum(layer.nbytes for layer in group)
@@ -205,7 +210,13 @@ class CudaBlockMover:
                 self._copy.wait_event(gathered)
                 if buffer.rows is not None and _by_kernel(chunk_slots, staged, pool):
                     chunk_ids = slot_ids[begin : begin + count]
-                    buffer.rows.copy(pool, chunk_ids, positions[:count], to_rows=True)
+                    buffer.rows.copy(
+                        pool,
+                        chunk_ids,
+                        positions[:count],
+                        to_rows=True,
+                        programs=self._host_programs,
+                    )
                 else:
                     _rows_copy(staged, pool, chunk_slots, to_pool=True)
                 buffer.free = torch.cuda.Event()
@@ -252,7 +263,13 @@ class CudaBlockMover:
             if plan is not None and _by_kernel(slots[begin : begin + count], plan, pool):
                 with torch.cuda.stream(self._scatter):  # rows straight into the KV blocks
                     chunk_ids = slot_ids[begin : begin + count]
-                    plan.copy(pool, chunk_ids, indices[begin : begin + count], to_rows=False)
+                    plan.copy(
+                        pool,
+                        chunk_ids,
+                        indices[begin : begin + count],
+                        to_rows=False,
+                        programs=self._host_programs,
+                    )
                 self._record_reached(events, ends, begin + count)
                 continue
             buffer = ring.take()
@@ -304,7 +321,9 @@ class CudaBlockMover:
         with torch.cuda.stream(stream):
             block_ids = _index(blocks, self._device)
             row_ids = _index(slots, self._device)
-            self._plans[group_id].copy(pool, row_ids, block_ids, to_rows=to_rows)
+            self._plans[group_id].copy(
+                pool, row_ids, block_ids, to_rows=to_rows, programs=self._host_programs
+            )
         if to_rows:
             # Later kernels may overwrite the blocks only once they have been read.
             caller.wait_stream(stream)
