@@ -11,7 +11,8 @@ Usage: python transfer_bench.py [--blocks 1024] [--reps 5] [--modes async,direct
 (writes $OUT/transfer.json). `--wave N` adds a step that loads N jobs of 375 blocks (a
 6,000-token session each, as in the multi-turn benchmark) at once. Each mode also reports
 `store_during_load`: how long the caller's stream waits for a 16-block store issued while
-a load of `--blocks` blocks crosses the link.
+a load of `--blocks` blocks crosses the link; `--beside` adds `compute_beside_load`: a
+step's matmuls and input copy alone and beside a load, for four ways of crossing PCIe.
 Tensor parallelism: `GPU_BENCH_TP=2 GPU_BENCH_RANK=R CUDA_VISIBLE_DEVICES=R` is one rank
 (4 KV heads, 1 MiB a block, its own L1 file); start one process a GPU at once to measure
 every rank's throughput and its own pinned ceiling while the other rank copies too
@@ -37,8 +38,9 @@ import repo_path
 repo_path.worker_modules()
 
 import torch  # noqa: E402
-from gpu_timing import rate, timed  # noqa: E402
+from gpu_timing import rate, sync, timed  # noqa: E402
 from kvpool_mmap import StoreConfig, TierConfig  # noqa: E402
+from vllm_marconi_offload import cuda_mover  # noqa: E402
 from vllm_marconi_offload.layout import SlotLayout  # noqa: E402
 from vllm_marconi_offload.metadata import BlockTransfer, OffloadMetadata, TransferJob  # noqa: E402
 from vllm_marconi_offload.worker import COPY_ENV, OffloadWorker  # noqa: E402
@@ -99,6 +101,7 @@ class Bench:
         )
         self.worker = OffloadWorker(config, self.layout, rank=RANK)
         self.worker.register_kv_caches(self.caches)
+        self._mover = self.worker._mover  # compute_beside_load varies it
         self.pool = self.worker._pool
         assert self.pool is not None
         self.blocks = blocks
@@ -194,6 +197,63 @@ class Bench:
             "load_ms": round(statistics.median(load_s) * 1e3, 2),
         }
 
+    def compute_beside_load(self, reps: int) -> dict[str, Any]:
+        """A step's GPU work (a chain of forward-sized matmuls, then a small pinned H2D
+        copy as vLLM makes of a step's inputs) on the caller's stream, alone and issued
+        right after a load of `blocks` scattered blocks (a multi-turn wave): if it takes
+        as long as the load, the load kept the forward from running beside it. One row
+        per way of crossing PCIe: the copy kernel with one program per 8 KiB item, one
+        per SM, 16 in all, and DMA only."""
+        assert self._mover is not None
+        weights = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        acts = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16)
+        inputs = torch.zeros(1 << 14, dtype=torch.int64).pin_memory()
+        staged = torch.empty_like(inputs, device="cuda")
+
+        def step_work() -> None:
+            for _ in range(16):
+                torch.matmul(acts, weights)
+            staged.copy_(inputs, non_blocking=True)
+
+        def run(beside_load: bool) -> tuple[float, float]:
+            sync()
+            start = time.perf_counter()
+            if beside_load:
+                job = self.job(gpu_blocks, slots)
+                self.worker.start_loads(OffloadMetadata(loads=[job]))
+            step_work()
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()
+            work_s = time.perf_counter() - start
+            self.worker.drain()
+            if beside_load:
+                assert self.worker.take_finished_loads()
+            return work_s, time.perf_counter() - start
+
+        rng = random.Random(3)
+        slots = rng.sample(range(2 * self.blocks), self.blocks)
+        gpu_blocks = list(range(self.blocks))
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        ways = {"kernel_per_item": (None, True), "kernel_per_sm": (sms, True)}
+        ways |= {"kernel_16": (16, True), "dma_only": (sms, False)}
+        result: dict[str, Any] = {}
+        kernel_runs = cuda_mover.MAX_DMA_RUNS
+        for name, (programs, kernel) in ways.items():
+            self._mover._host_programs = programs  # the benchmark's own knob
+            cuda_mover.MAX_DMA_RUNS = kernel_runs if kernel else len(slots)
+            run(True)  # compile and warm up this way
+            alone = [run(False)[0] for _ in range(reps)]
+            beside = [run(True) for _ in range(reps)]
+            result[name] = {
+                "work_alone_ms": round(statistics.median(alone) * 1e3, 2),
+                "work_beside_load_ms": round(statistics.median(w for w, _ in beside) * 1e3, 2),
+                "load_ms": round(statistics.median(t for _, t in beside) * 1e3, 2),
+            }
+        cuda_mover.MAX_DMA_RUNS = kernel_runs
+        self._mover._host_programs = sms
+        return result
+
     def check(self, src: list[int], dst: list[int]) -> bool:
         """Blocks stored from `src` and loaded into `dst` must be byte-identical."""
         for tensor in self.caches.values():
@@ -218,6 +278,9 @@ def main() -> None:
     parser.add_argument("--modes", default="async-per-layer,async,direct")
     parser.add_argument("--wave", type=int, default=0, help="jobs per step in the wave test")
     parser.add_argument("--cpu-smoke", action="store_true", help="check the script on CPU")
+    parser.add_argument(
+        "--beside", action="store_true", help="async mode: compute_beside_load, four ways"
+    )
     args = parser.parse_args()
     batch = args.blocks * PAGE * LAYERS
     result: dict[str, Any] = {
@@ -246,6 +309,8 @@ def main() -> None:
         if args.wave:
             result[f"worker_{mode}"]["wave"] = bench.wave(args.wave, args.reps)
         result[f"worker_{mode}"]["store_during_load"] = bench.store_during_load(args.reps)
+        if args.beside and mode == "async":
+            result[f"worker_{mode}"]["compute_beside_load"] = bench.compute_beside_load(args.reps)
         bench.close()
         print(mode, json.dumps(result[f"worker_{mode}"]), flush=True)
     pinned = {
