@@ -72,6 +72,26 @@ class ChainHeapPolicy(EvictionPolicy):
     `make_policy` and so to every configuration that asks `validate_policy`.
     """
 
+    __slots__ = (
+        "_children",
+        "_compactions",
+        "_evictions",
+        "_free",
+        "_heap",
+        "_in_heap",
+        "_index",
+        "_inserts",
+        "_keys",
+        "_now",
+        "_parent",
+        "_pinned",
+        "_pins",
+        "_removals",
+        "_seq",
+        "_side",
+        "_touches",
+    )
+
     def __init__(self) -> None:
         self._index: dict[Hashable, int] = {}
         self._keys: list[Hashable] = []
