@@ -58,7 +58,6 @@ from .candidate import (
     DOORKEEPER_LRU,
     LRU,
     PROBATION_LRU,
-    MAX_USES,
     SEQ_MASK,
     Candidate,
     CandidatePolicy,
@@ -95,6 +94,7 @@ share per candidate decides how fast a better rule is found, so near-duplicates 
 class AutoPolicy(CandidatePolicy):
     """Self-tuning: switches between candidate rules by shadow-cache hit counts."""
 
+    # see ChainHeapPolicy's slots: auto has about 60 attributes
     __slots__ = (
         "_accesses",
         "_budget_rate",
@@ -105,7 +105,6 @@ class AutoPolicy(CandidatePolicy):
         "_epochs",
         "_lead_epochs",
         "_leader",
-        "_lru",
         "_pending",
         "_rate",
         "_rescore_end",
@@ -174,61 +173,32 @@ class AutoPolicy(CandidatePolicy):
         self._rescore_next = 0
         self._rescore_end = 0
         self._due = self._epoch_length
-        """`_accesses` at which `_due_work` runs next (`_set_due`), at the start of the
-        next insert, touch, removal or `pop_victims`."""
+        """`_accesses` at which `_due_work` runs next: the epoch's end, or at once while a
+        re-scoring pass is pending."""
 
-    # --- the chain heap's insert and touch call these hooks -------------------------
+    # --- what the owner calls --------------------------------------------------------
 
-    def _priority_on_insert(self, slot: int, depth: int, seq: int) -> int:
-        if self._accesses >= self._due:
-            self._due_work()  # owed by the previous operation (a switch applies to this one)
+    def insert(self, key: Hashable, parent: Hashable | None = None, depth: int = 0) -> None:
+        ChainHeapPolicy.insert(self, key, parent, depth)  # CandidatePolicy adds nothing
         self._accesses += 1
-        if self._lru:  # the LRU path: what the other rules need later, and the seq
-            self.clock += 1
-            self._uses[slot] = 1
-            self._depth[slot] = depth
-            self._last[slot] = self.clock
-            self._first_time[slot] = 0
-            priority = seq
-        else:
-            priority = CandidatePolicy._priority_on_insert(self, slot, depth, seq)
-        key = self._keys[slot]
         if (hash(key) * _HASH_MULT) & _MASK64 < self._threshold:
             self._pending.append((key, depth, self.clock))
             if len(self._pending) >= BATCH:
                 self._replay()
-        return priority
-
-    def _priority_on_touch(self, slot: int, seq: int) -> int:
         if self._accesses >= self._due:
             self._due_work()
+
+    def touch(self, key: Hashable) -> None:
+        ChainHeapPolicy.touch(self, key)
         self._accesses += 1
-        key = self._keys[slot]
         if (hash(key) * _HASH_MULT) & _MASK64 < self._threshold:
-            self._pending.append((key, self._depth[slot], self.clock))
+            self._pending.append((key, self._depth[self._index[key] & SLOT_MASK], self.clock))
             if len(self._pending) >= BATCH:
                 self._replay()
-        if self._lru:
-            uses = self._uses[slot]
-            if uses < MAX_USES:
-                self._uses[slot] = uses + 1
-            self._last[slot] = self.clock
-            self._first_time[slot] = 0
-            return seq
-        return CandidatePolicy._priority_on_touch(self, slot, seq)
-
-    def _set_rule(self, candidate: Candidate, capacity: int) -> None:
-        super()._set_rule(candidate, capacity)
-        self._lru = self._recency and not self._doorkeeper
-
-    # --- what the owner calls --------------------------------------------------------
-
-    def remove(self, key: Hashable) -> None:
-        self._catch_up()
-        super().remove(key)
+        if self._accesses >= self._due:
+            self._due_work()
 
     def pop_victims(self, n: int) -> list[Hashable]:
-        self._catch_up()
         size = len(self._index)
         if size > self._resize_above or size < self._resize_below:
             self._resize(size)
@@ -239,22 +209,12 @@ class AutoPolicy(CandidatePolicy):
             self._remember(victims)
         return victims
 
-    def _catch_up(self) -> None:
-        """Run the work the last insert or touch left due (the next one would run it)."""
-        if self._accesses >= self._due:
-            self._due_work()
-
     def _due_work(self) -> None:
         if self._rescore_next < self._rescore_end:
             self._rescore_step()
         if self._accesses >= self._epoch_length:
             self._epoch_done()
-        self._set_due()
-
-    def _set_due(self) -> None:
-        """Due next: the epoch's end, or the next access while a re-scoring pass runs."""
-        rescoring = self._rescore_next < self._rescore_end
-        self._due = self._accesses + 1 if rescoring else self._epoch_length
+        self._due = 0 if self._rescore_next < self._rescore_end else self._epoch_length
 
     def start_rescore(self, candidate: Candidate, capacity: int) -> None:
         """Switch rule and/or capacity; existing keys are re-keyed a few per operation.
@@ -266,11 +226,10 @@ class AutoPolicy(CandidatePolicy):
         self._set_rule(candidate, capacity)
         self._rescore_next = 0
         self._rescore_end = len(self._keys)
-        self._set_due()
+        self._due = 0
 
     def finish_rescore(self) -> int:
         """Run a pending re-scoring pass (`start_rescore`) to its end now; its step count."""
-        self._catch_up()
         steps = 0
         while self._rescore_next < self._rescore_end:
             self._rescore_step()
@@ -311,14 +270,12 @@ class AutoPolicy(CandidatePolicy):
 
     @property
     def current(self) -> Candidate:
-        """The rule the main cache uses now (after the last operation's due work)."""
-        self._catch_up()
+        """The rule the main cache uses now."""
         return self.candidates[self._current]
 
     @property
     def switches(self) -> int:
         """How many times the rule changed."""
-        self._catch_up()
         return self._switches
 
     @property
@@ -328,7 +285,6 @@ class AutoPolicy(CandidatePolicy):
 
     def shadow_scores(self) -> dict[str, float]:
         """Averaged shadow hits per candidate."""
-        self._catch_up()
         return {s.candidate.name: s.score for s in self._shadows}
 
     # --- tuning ----------------------------------------------------------------------
@@ -375,18 +331,18 @@ class AutoPolicy(CandidatePolicy):
     def _resize(self, capacity: int) -> None:
         self._set_rate(capacity)
         self._epoch_length = max(int(capacity * EPOCH_TURNOVERS), self.min_epoch)
-        if self.candidates[self._current].reuse == "recency" or self.capacity:
+        if self.current.reuse == "recency" or self.capacity:
             # LRU keys do not depend on the capacity; after the first reading, keys keep
             # the decay of the old capacity until touched (at most 25% off), no O(n) pass
             self._set_rule(self.candidate, capacity)
         else:
-            self.start_rescore(self.candidates[self._current], capacity)
+            self.start_rescore(self.current, capacity)
         if self.ghost is not None:
             self.set_ghost(capacity)
         limit = max(1, int(capacity * self._rate))
         for shadow in self._shadows:
             shadow.resize(limit, capacity)
-        self._set_due()
+        self._due = 0 if self._rescore_next < self._rescore_end else self._epoch_length
 
     def _leads(self, index: int) -> bool:
         """Whether candidate `index` beats the current rule beyond noise and margin."""
@@ -438,11 +394,11 @@ class AutoPolicy(CandidatePolicy):
         doorkeeper to a rule without one. Until then evictions cost nothing extra.
         """
         leading = self._lead_epochs > 0 and self.candidates[self._leader].doorkeeper
-        if (self.candidates[self._current].doorkeeper or leading) and self.ghost is None:
+        if (self.current.doorkeeper or leading) and self.ghost is None:
             self.set_ghost(self.capacity)
 
     def _switch(self, index: int) -> None:
-        if self.candidates[self._current].doorkeeper and not self.candidates[index].doorkeeper:
+        if self.current.doorkeeper and not self.candidates[index].doorkeeper:
             self.ghost = None
         self._current = index
         self._lead_epochs = 0
@@ -451,7 +407,7 @@ class AutoPolicy(CandidatePolicy):
             shadow.lead = shadow.discord = 0.0
         self._compared = 0
         self._update_ghost()
-        self.start_rescore(self.candidates[self._current], self.capacity)
+        self.start_rescore(self.current, self.capacity)
 
 
 def _build(**options: Any) -> AutoPolicy:

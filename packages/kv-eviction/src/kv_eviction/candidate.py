@@ -45,7 +45,6 @@ __all__ = [
     "DOORKEEPER_LRU",
     "GHOST_TURNOVERS",
     "LRU",
-    "MAX_USES",
     "PROBATION_LRU",
     "Candidate",
     "CandidatePolicy",
@@ -53,8 +52,6 @@ __all__ = [
 ]
 
 SEQ_MASK = (1 << SEQ_BITS) - 1
-MAX_USES = 0xFFFFFFFF
-"""Use counts stop here (the per-slot array holds 32-bit counts)."""
 S3FIFO_WINDOW = 0.1
 """The probation window of `probation-lru`: S3-FIFO's small-queue share of the cache."""
 
@@ -106,6 +103,7 @@ _PROBATION = -1 << SEQ_BITS
 class CandidatePolicy(ChainHeapPolicy):
     """Keys ordered by one `Candidate` rule; the base of `auto` and of its shadows."""
 
+    # see ChainHeapPolicy's slots
     __slots__ = (
         "_depth",
         "_doorkeeper",
@@ -222,7 +220,7 @@ class CandidatePolicy(ChainHeapPolicy):
     def _priority_on_touch(self, slot: int, seq: int) -> int:
         self._first_time[slot] = 0
         uses = self._uses[slot]
-        if uses < MAX_USES:
+        if uses < 0xFFFFFFFF:
             uses += 1
             self._uses[slot] = uses
         self._last[slot] = self.clock
