@@ -3,12 +3,17 @@
 # Usage: bash run_multiturn.sh [MODES]   (from this folder; results and logs under $OUT)
 # PYSPY=/path/to/py-spy also records the engine core's stacks for the whole run
 # ($OUT/py-spy-MODE.txt.gz, raw collapsed stacks; summarize with summarize_profile.py).
+# STEPS=1 records every scheduler step ($OUT/steps-MODE.jsonl.gz) and prints its report per round
+# (step_timeline.py).
 cd "$(dirname "$0")"
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 out=${OUT:-/tmp}
 for mode in ${1:-ours plain}; do
   echo "=== multiturn $mode $(date -u +%T)"
   log="$out/multiturn-$mode.log"
+  steps="$out/steps-$mode.jsonl"
+  rm -f "$steps"
+  [ "${STEPS:-}" = 1 ] && export STEP_TIMELINE="$steps"
   timeout "${MULTITURN_LIMIT_S:-280}" python3 multiturn_bench.py "$mode" > "$log" 2>&1 &
   bench=$!
   if [ -n "${PYSPY:-}" ]; then
@@ -26,5 +31,9 @@ for mode in ${1:-ours plain}; do
   wait "$bench"
   wait
   grep -E "^\{|RESULT|Error|error|Traceback" "$log" | cut -c1-600
+  if [ -s "$steps" ] && [ -s "$out/multiturn-$mode.json" ]; then
+    python3 step_timeline.py "$steps" "$out/multiturn-$mode.json" | tee "$out/steps-$mode.txt"
+  fi
+  [ -f "$steps" ] && gzip -f "$steps"
   gzip -f "$log"
 done

@@ -9,7 +9,9 @@ scheduler and copies into its real page-locked L1 file in /dev/shm.
 
 Usage: python transfer_bench.py [--blocks 1024] [--reps 5] [--modes async,direct,...]
 (writes $OUT/transfer.json). `--wave N` adds a step that loads N jobs of 375 blocks (a
-6,000-token session each, as in the multi-turn benchmark) at once.
+6,000-token session each, as in the multi-turn benchmark) at once. Each mode also reports
+`store_during_load`: how long the caller's stream waits for a 16-block store issued while
+a load of `--blocks` blocks crosses the link.
 Tensor parallelism: `GPU_BENCH_TP=2 GPU_BENCH_RANK=R CUDA_VISIBLE_DEVICES=R` is one rank
 (4 KV heads, 1 MiB a block, its own L1 file); start one process a GPU at once to measure
 every rank's throughput and its own pinned ceiling while the other rank copies too
@@ -165,6 +167,33 @@ class Bench:
         nbytes = count * self.layout.stride
         return self.issued(lambda: self.load(slots, gpu_blocks, jobs), reps, nbytes)
 
+    def store_during_load(self, reps: int, store_blocks: int = 16) -> dict[str, float]:
+        """A load of `blocks` blocks, then at once a store of `store_blocks` other blocks
+        (a request that computes while its wave still loads): how long the caller's stream
+        waits for the store (what the next forward waits for), against the whole load."""
+        load_blocks = list(range(self.blocks))
+        load_slots = list(range(self.blocks))
+        src = list(range(self.blocks, self.blocks + store_blocks))
+        slots = list(range(2 * self.blocks, 2 * self.blocks + store_blocks))
+        caller_s, load_s = [], []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            self.worker.start_loads(OffloadMetadata(loads=[self.job(load_blocks, load_slots)]))
+            self.worker.run_stores(OffloadMetadata(stores=[self.job(src, slots)]))
+            caller = torch.cuda.Event()
+            caller.record()
+            caller.synchronize()
+            caller_s.append(time.perf_counter() - start)
+            self.worker.drain()
+            load_s.append(time.perf_counter() - start)
+            assert self.worker.take_finished_loads()
+            assert self.worker.take_report() is not None
+        return {
+            "caller_wait_ms": round(statistics.median(caller_s) * 1e3, 2),
+            "load_ms": round(statistics.median(load_s) * 1e3, 2),
+        }
+
     def check(self, src: list[int], dst: list[int]) -> bool:
         """Blocks stored from `src` and loaded into `dst` must be byte-identical."""
         for tensor in self.caches.values():
@@ -216,6 +245,7 @@ def main() -> None:
         result[f"worker_{mode}"] = bench.run(args.reps)
         if args.wave:
             result[f"worker_{mode}"]["wave"] = bench.wave(args.wave, args.reps)
+        result[f"worker_{mode}"]["store_during_load"] = bench.store_during_load(args.reps)
         bench.close()
         print(mode, json.dumps(result[f"worker_{mode}"]), flush=True)
     pinned = {

@@ -1,4 +1,5 @@
-"""The Triton block-copy kernel moves exactly the bytes of every layer, in both directions.
+"""The Triton block-copy kernel moves exactly the bytes of every layer, in both directions,
+with one program per work item or with a few programs that loop over them (over PCIe).
 
 The kernel runs under Triton's CPU interpreter (`TRITON_INTERPRET=1`, in a child process so
 that no other test sees it) on CPU tensors laid out as vLLM lays out GPU KV caches.
@@ -31,14 +32,14 @@ SCRIPT = textwrap.dedent(
             for i, t in enumerate(tensors)
         ]
 
-    def check(tensors, page, row_width):
+    def check(tensors, page, row_width, programs=None):
         layers = layers_of(tensors, page)
         plan = GroupCopyPlan.build(layers, torch.device("cpu"))
         assert plan is not None
         blocks, rows = [7, 0, 11, 3], [5, 2, 0, 6]
         original = [layer.view.clone() for layer in layers]
         pool = torch.zeros(8, row_width, dtype=torch.uint8)
-        plan.copy(pool, torch.tensor(rows), torch.tensor(blocks), to_rows=True)
+        plan.copy(pool, torch.tensor(rows), torch.tensor(blocks), to_rows=True, programs=programs)
         for layer, want in zip(layers, original):
             for block, row in zip(blocks, rows):
                 got = pool[row, layer.offset : layer.offset + page]
@@ -46,7 +47,9 @@ SCRIPT = textwrap.dedent(
         assert not pool[[1, 3, 4, 7]].any(), "rows outside the batch were written"
         for layer in layers:
             layer.view.zero_()
-        plan.copy(pool, torch.tensor(rows), torch.tensor([1, 2, 9, 10]), to_rows=False)
+        plan.copy(
+            pool, torch.tensor(rows), torch.tensor([1, 2, 9, 10]), to_rows=False, programs=programs
+        )
         for layer, want in zip(layers, original):
             for block, source in zip([1, 2, 9, 10], blocks):
                 assert torch.equal(layer.view[block], want[source])
@@ -54,8 +57,10 @@ SCRIPT = textwrap.dedent(
 
     # One tensor per layer, block-major, a page that is not a multiple of the tile.
     page = 2 * 16 * 2 * 64 * 2
-    check([torch.randint(0, 256, (NUM_BLOCKS, page), dtype=torch.uint8) for _ in range(LAYERS)],
-          page, LAYERS * page + 64)
+    for programs in (None, 1, 5):  # one program per item; few programs looping (over PCIe)
+        tensors = [torch.randint(0, 256, (NUM_BLOCKS, page), dtype=torch.uint8)
+                   for _ in range(LAYERS)]
+        check(tensors, page, LAYERS * page + 64, programs)
     # All layers of a block side by side in one buffer (strided views, vLLM >= 0.29).
     page = 8192
     shared = torch.randint(0, 256, (NUM_BLOCKS, LAYERS, page), dtype=torch.uint8)
@@ -65,7 +70,7 @@ SCRIPT = textwrap.dedent(
     whole = [LayerBytes(staged, offset=0, nbytes=3 * page)]
     plan = GroupCopyPlan.build(whole, torch.device("cpu"))
     pool = torch.zeros(9, 3 * page + 512, dtype=torch.uint8)
-    plan.copy(pool, torch.tensor([8, 1, 4, 0]), torch.arange(4), to_rows=True)
+    plan.copy(pool, torch.tensor([8, 1, 4, 0]), torch.arange(4), to_rows=True, programs=3)
     for position, row in enumerate([8, 1, 4, 0]):
         assert torch.equal(pool[row, : 3 * page], staged[position])
         assert not pool[row, 3 * page :].any()

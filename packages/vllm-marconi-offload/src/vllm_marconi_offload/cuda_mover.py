@@ -4,7 +4,10 @@ A batch is cut into chunks of whole blocks, moved on two side streams so the PCI
 stays busy while the next chunk is prepared. For a store, each chunk's layers are gathered
 into a GPU staging buffer on the gather stream (one Triton launch; one torch copy per layer
 without Triton), then the copy stream moves the buffer to the L1 rows; a load runs the same
-pipeline backwards. Between staging and L1 rows a chunk moves either by DMA, one copy per
+pipeline backwards. Loads and stores have their own pair of streams and their own staging
+buffers: a store issued while a large load is crossing the link (a request that starts
+computing while the rest of its wave still loads) is gathered at once and its D2H copy
+runs beside the H2D load, instead of queueing the caller's stream behind the whole load. Between staging and L1 rows a chunk moves either by DMA, one copy per
 run of consecutive slots, or, when its slots are scattered into many runs, by one kernel
 that reads or writes the rows over PCIe (issuing one DMA per run would block the engine's
 thread for as long as the link is busy). A scattered load skips staging altogether: the
@@ -30,8 +33,15 @@ from .config import ConfigError
 from .triton_copy import GroupCopyPlan
 
 STAGING_ENV = "VLLM_MARCONI_OFFLOAD_STAGING_MIB"
-DEFAULT_STAGING_BYTES = 2 << 30  # whole 16k-token prefill chunk of an 8B model
 CHUNK_BYTES = 128 << 20
+# Loads reuse a buffer once its GPU-local scatter is done, so a few keep the link busy;
+# stores reuse one only once it has crossed the link, so they get the rest.
+LOAD_RING_CHUNKS = 4
+# Kernels that read or write L1 rows over PCIe launch this many programs per SM: enough to
+# keep the link busy, few enough to leave the SMs to the forward pass beside them.
+HOST_PROGRAMS_PER_SM = 1
+# Stores: a whole 16k-token prefill chunk of an 8B model (2 GiB); loads: 4 chunks.
+DEFAULT_STAGING_BYTES = (2 << 30) + LOAD_RING_CHUNKS * CHUNK_BYTES
 # A chunk whose slots form more runs than this moves by kernel, not one DMA per run.
 MAX_DMA_RUNS = 4
 
@@ -108,9 +118,14 @@ class CudaBlockMover:
         rows itself (needs the kernel for every group, else ConfigError)."""
         self._layers = layers
         self._device = device
+        # Stores: gather (blocks -> staging) then copy (staging -> L1 rows).
         self._gather = torch.cuda.Stream(device=device)
         self._copy = torch.cuda.Stream(device=device)
+        # Loads: fetch (L1 rows -> staging) then scatter (staging -> blocks).
+        self._fetch = torch.cuda.Stream(device=device)
+        self._scatter = torch.cuda.Stream(device=device)
         self._rings: dict[int, _Ring] = {}
+        self._load_rings: dict[int, _Ring] = {}
         self._plans: dict[int, GroupCopyPlan] = {}
         for group_id, group in layers.items():
             plan = GroupCopyPlan.build(group, device) if kernel or direct else None
@@ -122,14 +137,18 @@ class CudaBlockMover:
                     "use VLLM_MARCONI_OFFLOAD_COPY=async"
                 )
         self._direct = direct
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        self._host_programs = HOST_PROGRAMS_PER_SM * sms
         share = staging_bytes // max(1, len(layers))  # the groups split the staging budget
         for group_id, group in layers.items():
             width = sum(layer.nbytes for layer in group)
             if width == 0 or direct:
                 continue
             chunk = max(1, CHUNK_BYTES // width)
-            count = max(2, share // (chunk * width))
-            self._rings[group_id] = _Ring(device, width, chunk, count, kernel=kernel)
+            count = max(4, share // (chunk * width))
+            loads = min(LOAD_RING_CHUNKS, count // 2)
+            self._rings[group_id] = _Ring(device, width, chunk, count - loads, kernel=kernel)
+            self._load_rings[group_id] = _Ring(device, width, chunk, loads, kernel=kernel)
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -191,7 +210,13 @@ class CudaBlockMover:
                 self._copy.wait_event(gathered)
                 if buffer.rows is not None and _by_kernel(chunk_slots, staged, pool):
                     chunk_ids = slot_ids[begin : begin + count]
-                    buffer.rows.copy(pool, chunk_ids, positions[:count], to_rows=True)
+                    buffer.rows.copy(
+                        pool,
+                        chunk_ids,
+                        positions[:count],
+                        to_rows=True,
+                        programs=self._host_programs,
+                    )
                 else:
                     _rows_copy(staged, pool, chunk_slots, to_pool=True)
                 buffer.free = torch.cuda.Event()
@@ -221,12 +246,12 @@ class CudaBlockMover:
         if self._direct:
             done = self._direct_copy(group_id, blocks, slots, pool, caller, to_rows=False)
             return [done] * len(ends)
-        self._gather.wait_stream(caller)
-        self._copy.wait_stream(caller)
-        ring = self._rings[group_id]
+        self._scatter.wait_stream(caller)
+        self._fetch.wait_stream(caller)
+        ring = self._load_rings[group_id]
         layers = self._layers[group_id]
         plan = self._plans.get(group_id)
-        with torch.cuda.stream(self._gather):
+        with torch.cuda.stream(self._scatter):
             indices = _index(blocks, self._device)
             if plan is not None:
                 slot_ids = _index(slots, self._device)
@@ -236,21 +261,27 @@ class CudaBlockMover:
         for begin in range(0, len(blocks), ring.chunk_blocks):
             count = min(ring.chunk_blocks, len(blocks) - begin)
             if plan is not None and _by_kernel(slots[begin : begin + count], plan, pool):
-                with torch.cuda.stream(self._gather):  # rows straight into the KV blocks
+                with torch.cuda.stream(self._scatter):  # rows straight into the KV blocks
                     chunk_ids = slot_ids[begin : begin + count]
-                    plan.copy(pool, chunk_ids, indices[begin : begin + count], to_rows=False)
+                    plan.copy(
+                        pool,
+                        chunk_ids,
+                        indices[begin : begin + count],
+                        to_rows=False,
+                        programs=self._host_programs,
+                    )
                 self._record_reached(events, ends, begin + count)
                 continue
             buffer = ring.take()
             staged = buffer.data[:count]
-            with torch.cuda.stream(self._copy):
+            with torch.cuda.stream(self._fetch):
                 if buffer.free is not None:
-                    self._copy.wait_event(buffer.free)
+                    self._fetch.wait_event(buffer.free)
                 _rows_copy(staged, pool, slots[begin : begin + count], to_pool=False)
                 copied = torch.cuda.Event()
-                copied.record(self._copy)
-            with torch.cuda.stream(self._gather):
-                self._gather.wait_event(copied)
+                copied.record(self._fetch)
+            with torch.cuda.stream(self._scatter):
+                self._scatter.wait_event(copied)
                 index = indices[begin : begin + count]
                 if plan is not None:
                     plan.copy(staged, positions[:count], index, to_rows=False)
@@ -259,18 +290,18 @@ class CudaBlockMover:
                         view = staged.narrow(1, layer.offset, layer.nbytes)
                         layer.view.index_copy_(0, index, view)
                 buffer.free = torch.cuda.Event()
-                buffer.free.record(self._gather)
+                buffer.free.record(self._scatter)
             self._record_reached(events, ends, begin + count)
         return events
 
     def _record_reached(
         self, events: list[torch.cuda.Event], ends: Sequence[int], landed: int
     ) -> None:
-        """Record, on the gather stream, an event for each end within the first `landed`
+        """Record, on the scatter stream, an event for each end within the first `landed`
         blocks that has none yet."""
         while len(events) < len(ends) and ends[len(events)] <= landed:
             event = torch.cuda.Event()
-            event.record(self._gather)
+            event.record(self._scatter)
             events.append(event)
 
     def _direct_copy(
@@ -283,23 +314,27 @@ class CudaBlockMover:
         *,
         to_rows: bool,
     ) -> torch.cuda.Event:
-        """One kernel on the copy stream between GPU `blocks` and pool rows `slots`."""
-        self._copy.wait_stream(caller)
-        with torch.cuda.stream(self._copy):
+        """One kernel between GPU `blocks` and pool rows `slots`, on the store copy stream
+        or the load fetch stream."""
+        stream = self._copy if to_rows else self._fetch
+        stream.wait_stream(caller)
+        with torch.cuda.stream(stream):
             block_ids = _index(blocks, self._device)
             row_ids = _index(slots, self._device)
-            self._plans[group_id].copy(pool, row_ids, block_ids, to_rows=to_rows)
+            self._plans[group_id].copy(
+                pool, row_ids, block_ids, to_rows=to_rows, programs=self._host_programs
+            )
         if to_rows:
             # Later kernels may overwrite the blocks only once they have been read.
-            caller.wait_stream(self._copy)
+            caller.wait_stream(stream)
         done = torch.cuda.Event()
-        done.record(self._copy)
+        done.record(stream)
         return done
 
     def synchronize(self) -> None:
         """Wait for every transfer issued so far."""
-        self._gather.synchronize()
-        self._copy.synchronize()
+        for stream in (self._gather, self._copy, self._fetch, self._scatter):
+            stream.synchronize()
 
 
 def _by_kernel(

@@ -2,9 +2,15 @@
 
 A transfer between the KV cache and rows (a GPU staging buffer, or page-locked L1 rows the
 GPU reads and writes over PCIe) is one launch, whatever the number of layers and blocks:
-program (i, l, t) copies tile t of block i's bytes in layer l. The per-layer loop of torch
-copies it replaces cost one launch per layer per chunk, enough launches for a long prompt
-to fill CUDA's launch queue and block the engine's main thread for the whole transfer.
+its work items are (block i, layer l, tile t), each 8 KiB of block i's bytes in layer l.
+The per-layer loop of torch copies it replaces cost one launch per layer per chunk, enough
+launches for a long prompt to fill CUDA's launch queue and block the engine's main thread
+for the whole transfer.
+
+By default each program copies one item. Over PCIe, `programs` caps the launch at that
+many programs, each looping over every `programs`-th item: a program waits microseconds
+for every tile that crosses the link, and one per item would fill every SM for as long as
+the link is busy, stalling the forward pass (and a store's gather) that runs beside a load.
 
 The kernel works in 8-byte words: every layer's page, offset and block stride, and the row
 stride, must be multiples of 8 bytes (`GroupCopyPlan.build` returns None otherwise, and
@@ -47,8 +53,9 @@ def _words(tensor: torch.Tensor) -> torch.Tensor:
 
 
 if triton is not None:
-
-    @triton.jit  # type: ignore[misc]
+    # Counts vary per call: one compiled kernel for all (no per-value specialization, which
+    # would compile again on the hot path).
+    @triton.jit(do_not_specialize=["items", "layer_tiles", "tiles", "programs"])  # type: ignore[misc]
     def _copy_blocks(  # type: ignore[no-untyped-def]  # Triton reads the annotations
         rows,  # int64* base of the rows
         row_ids,  # int64[n]: row of each block
@@ -59,22 +66,30 @@ if triton is not None:
         layer_offset,  # int64[L]: layer l's offset in a row, in words
         page_words,  # words of one block in one layer
         block_ids,  # int64[n]: KV block of each row
+        items,  # n * L * tiles: the work items
+        layer_tiles,  # L * tiles: items per block
+        tiles,  # tiles per page
+        programs,  # programs launched: program p takes items p, p + programs, ...
         to_rows: tl.constexpr,
         tile: tl.constexpr,
     ) -> None:
-        i = tl.program_id(0)
-        layer = tl.program_id(1)
-        start = tl.program_id(2) * tile
-        words = start + tl.arange(0, tile)
-        mask = words < page_words
-        row = tl.load(row_ids + i)
-        block = tl.load(block_ids + i)
-        row_at = rows + row * row_words + tl.load(layer_offset + layer) + words
-        kv_at = kv + tl.load(layer_delta + layer) + block * tl.load(layer_stride + layer) + words
-        if to_rows:
-            tl.store(row_at, tl.load(kv_at, mask=mask), mask=mask)
-        else:
-            tl.store(kv_at, tl.load(row_at, mask=mask), mask=mask)
+        item = tl.program_id(0)
+        while item < items:
+            i = item // layer_tiles
+            layer = (item % layer_tiles) // tiles
+            words = (item % tiles) * tile + tl.arange(0, tile)
+            mask = words < page_words
+            row = tl.load(row_ids + i)
+            block = tl.load(block_ids + i)
+            row_at = rows + row * row_words + tl.load(layer_offset + layer) + words
+            kv_at = (
+                kv + tl.load(layer_delta + layer) + block * tl.load(layer_stride + layer) + words
+            )
+            if to_rows:
+                tl.store(row_at, tl.load(kv_at, mask=mask), mask=mask)
+            else:
+                tl.store(kv_at, tl.load(row_at, mask=mask), mask=mask)
+            item += programs
 
 
 @dataclass(frozen=True)
@@ -123,17 +138,24 @@ class GroupCopyPlan:
         block_ids: torch.Tensor,
         *,
         to_rows: bool,
+        programs: int | None = None,
     ) -> None:
         """Copy blocks `block_ids` of every layer to (`to_rows`) or from rows `row_ids`
         of `rows` (uint8 [R, >= width], on the device or page-locked host memory) on the
-        current stream. The id tensors are int64 on the device, of equal length."""
+        current stream. The id tensors are int64 on the device, of equal length.
+        `programs`: launch at most that many programs (for rows across PCIe)."""
         count = block_ids.shape[0]
         if count == 0:
             return
         if rows.stride(1) != 1 or rows.stride(0) % WORD or rows.data_ptr() % 16:
             raise ValueError("rows must be 16-byte aligned with 8-byte-multiple row strides")
-        grid = (count, self.deltas.shape[0], triton.cdiv(self.page_words, TILE))
-        _copy_blocks[grid](
+        if programs is not None and programs < 1:
+            raise ValueError(f"programs must be at least 1, got {programs}")
+        tiles = triton.cdiv(self.page_words, TILE)
+        layer_tiles = self.deltas.shape[0] * tiles
+        items = count * layer_tiles
+        launched = items if programs is None else min(items, programs)
+        _copy_blocks[(launched,)](
             _words(rows),
             row_ids,
             rows.stride(0) // WORD,
@@ -143,6 +165,10 @@ class GroupCopyPlan:
             self.offsets,
             self.page_words,
             block_ids,
+            items,
+            layer_tiles,
+            tiles,
+            launched,
             to_rows=to_rows,
             tile=TILE,
         )
