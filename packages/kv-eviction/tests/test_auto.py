@@ -229,3 +229,13 @@ def test_auto_comes_within_half_a_point_of_the_best_named_rule_on_rag() -> None:
         for name in ("lru", "doorkeeper-lru", "doorkeeper-lfu-decay-1", "probation-lru")
     )
     assert simulate(trace, AutoPolicy(), 1400).token_hit_rate >= best - 0.005
+
+
+@pytest.mark.parametrize("name", ["lru", "auto", "doorkeeper-lru", "probation-lru"])
+def test_heap_policies_keep_their_state_in_slots(name: str) -> None:
+    """Past 30 instance attributes CPython stops sharing dict keys and every attribute
+    access of the heap's hot path slows down; the heap policies' state lives in slots,
+    also after switches (which create a ghost) and evictions."""
+    policy = AutoPolicy(**SWITCH_EVERY_EPOCH) if name == "auto" else make_policy(name)
+    random_workload(policy, ReferencePolicy("lru"), steps=3000, seed=0)
+    assert set(vars(policy)) <= {"name"}  # RulePolicy names itself after its rule

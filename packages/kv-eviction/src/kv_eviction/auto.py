@@ -94,6 +94,36 @@ share per candidate decides how fast a better rule is found, so near-duplicates 
 class AutoPolicy(CandidatePolicy):
     """Self-tuning: switches between candidate rules by shadow-cache hit counts."""
 
+    # see ChainHeapPolicy's slots: auto has about 60 attributes
+    __slots__ = (
+        "_accesses",
+        "_budget_rate",
+        "_compared",
+        "_current",
+        "_due",
+        "_epoch_length",
+        "_epochs",
+        "_lead_epochs",
+        "_leader",
+        "_pending",
+        "_rate",
+        "_rescore_end",
+        "_rescore_next",
+        "_shadows",
+        "_switches",
+        "_threshold",
+        "candidates",
+        "confirm_epochs",
+        "min_discordant",
+        "min_epoch",
+        "min_shadow_keys",
+        "sample_budget",
+        "sample_entries",
+        "smoothing",
+        "switch_margin",
+        "switch_sigmas",
+    )
+
     name = "auto"
 
     def __init__(

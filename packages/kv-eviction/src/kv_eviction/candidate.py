@@ -103,6 +103,23 @@ _PROBATION = -1 << SEQ_BITS
 class CandidatePolicy(ChainHeapPolicy):
     """Keys ordered by one `Candidate` rule; the base of `auto` and of its shadows."""
 
+    # see ChainHeapPolicy's slots
+    __slots__ = (
+        "_depth",
+        "_doorkeeper",
+        "_first_time",
+        "_last",
+        "_log_key",
+        "_recency",
+        "_resize_above",
+        "_resize_below",
+        "_uses",
+        "candidate",
+        "capacity",
+        "clock",
+        "ghost",
+    )
+
     name = "candidate"
 
     def __init__(self, candidate: Candidate, capacity: int = 0) -> None:

@@ -72,6 +72,29 @@ class ChainHeapPolicy(EvictionPolicy):
     `make_policy` and so to every configuration that asks `validate_policy`.
     """
 
+    # Slots, not an instance dict: CPython 3.11 shares a dict's keys among instances only
+    # up to 30 attributes, and past that every attribute access on the hot path slows
+    # down (docs/benchmarks.md, issue 18). A subclass with many attributes declares its own.
+    __slots__ = (
+        "_children",
+        "_compactions",
+        "_evictions",
+        "_free",
+        "_heap",
+        "_in_heap",
+        "_index",
+        "_inserts",
+        "_keys",
+        "_now",
+        "_parent",
+        "_pinned",
+        "_pins",
+        "_removals",
+        "_seq",
+        "_side",
+        "_touches",
+    )
+
     def __init__(self) -> None:
         self._index: dict[Hashable, int] = {}
         self._keys: list[Hashable] = []
