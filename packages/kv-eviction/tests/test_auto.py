@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -177,18 +179,11 @@ RULES = (
 )
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    accesses=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 7)), min_size=1, max_size=600),
-    rule=st.sampled_from(RULES),
-    batch=st.integers(1, 80),
-)
-def test_a_shadow_hits_exactly_where_the_full_policy_does(
-    accesses: list[tuple[int, int]], rule: Candidate, batch: int
+def assert_shadow_hits_like_the_full_policy(
+    accesses: list[tuple[int, int]], rule: Candidate, batch: int, capacity: int = 20
 ) -> None:
-    """The miniature's cheap cache is the same rule as `CandidatePolicy`, also when it
-    replays the accesses in batches."""
-    capacity = 20
+    """A `Shadow` of `rule` replaying `accesses` in batches hits exactly where a
+    `CandidatePolicy` of the same rule and capacity does."""
     full = CandidatePolicy(rule, capacity=capacity)
     if rule.doorkeeper:
         full.set_ghost(capacity)
@@ -209,6 +204,36 @@ def test_a_shadow_hits_exactly_where_the_full_policy_does(
     for start in range(0, len(replayed), batch):
         hits |= shadow.replay(replayed[start : start + batch]) << start
     assert hits == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    accesses=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 7)), min_size=1, max_size=600),
+    rule=st.sampled_from(RULES),
+    batch=st.integers(1, 80),
+)
+def test_a_shadow_hits_exactly_where_the_full_policy_does(
+    accesses: list[tuple[int, int]], rule: Candidate, batch: int
+) -> None:
+    """The miniature's cheap cache is the same rule as `CandidatePolicy`, also when it
+    replays the accesses in batches."""
+    assert_shadow_hits_like_the_full_policy(accesses, rule, batch)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.name)
+def test_a_shadow_hits_exactly_where_the_full_policy_does_through_many_evictions(
+    rule: Candidate,
+) -> None:
+    """Each kind of shadow has its own replay loop with the victim choice written out;
+    over thousands of evictions (hot keys that return, one-shot keys, a ghost that
+    forgets, probation windows that run out) it still hits exactly where the full rule
+    does."""
+    rng = random.Random(7)
+    accesses = [
+        (rng.randrange(30) if rng.random() < 0.5 else rng.randrange(30, 600), rng.randrange(8))
+        for _ in range(6000)
+    ]
+    assert_shadow_hits_like_the_full_policy(accesses, rule, batch=64, capacity=40)
 
 
 def test_the_sampling_rate_spends_the_whole_budget() -> None:

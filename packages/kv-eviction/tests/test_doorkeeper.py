@@ -28,6 +28,18 @@ def test_ghost_remembers_the_last_window_and_forgets_older_keys() -> None:
     assert forgotten < 150  # only false positives remain (about 7% with both generations full)
 
 
+def test_ghost_add_all_is_add_in_order_across_generations() -> None:
+    """Evictions enter the ghost a batch at a time (`add_all`); the filter is the one
+    that adding them one by one makes, also where a batch starts a new generation."""
+    one_by_one, batched = Ghost(100), Ghost(100)
+    for start in range(0, 450, 70):
+        keys = range(start, start + 70)
+        for key in keys:
+            one_by_one.add(key)
+        batched.add_all(keys)
+        assert batched.generations == one_by_one.generations
+
+
 def test_ghost_false_positive_rate() -> None:
     rng = random.Random(0)  # fixed keys: string hashes change per process
     keys = [rng.getrandbits(64) for _ in range(20_000)]

@@ -16,7 +16,7 @@ LRU treats every key. Dropping a generation allocates a new one: one O(window) s
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 
 __all__ = ["Ghost", "probe"]
 
@@ -45,14 +45,24 @@ class Ghost:
         self._taken = 0
 
     def add(self, key: Hashable) -> None:
-        h = (hash(key) * MULT) & MASK64
+        self.add_all((key,))
+
+    def add_all(self, keys: Iterable[Hashable]) -> None:
+        """`add` each of `keys`, in order."""
         generations = self.generations
-        generations[0][h % self.size] |= (1 << (h >> 61)) | (1 << ((h >> 58) & 7))
-        self._taken += 1
-        if self._taken >= self.window:
-            generations[1] = generations[0]
-            generations[0] = bytearray(self.size)
-            self._taken = 0
+        current = generations[0]
+        size = self.size
+        window = self.window
+        taken = self._taken
+        for key in keys:
+            h = (hash(key) * MULT) & MASK64
+            current[h % size] |= (1 << (h >> 61)) | (1 << ((h >> 58) & 7))
+            taken += 1
+            if taken >= window:
+                generations[1] = current
+                generations[0] = current = bytearray(size)
+                taken = 0
+        self._taken = taken
 
     def __contains__(self, key: object) -> bool:
         return probe(self.generations, self.size, key)

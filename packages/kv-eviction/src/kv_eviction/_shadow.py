@@ -106,16 +106,40 @@ class Shadow:
 
     def replay(self, batch: Sequence[Access]) -> int:
         """Run `batch` in order; bit i of the result is set where access i hit."""
-        if self.recency:
-            return self._replay_recency(batch)
-        return self._replay_scored(batch)
+        if not self.recency:
+            return self._replay_scored(batch)
+        if self.ghost is None:
+            return self._replay_lru(batch)
+        return self._replay_doorkeeper(batch)
 
-    def _replay_recency(self, batch: Sequence[Access]) -> int:
+    # The loops below are the shadows' share of `auto`'s cost, so each kind has its own,
+    # with the victim's choice (`_evict`) written out: a call per miss cost a quarter of
+    # a replay. `tests/test_auto.py` pins that they evict exactly as `_evict` does.
+
+    def _replay_lru(self, batch: Sequence[Access]) -> int:
+        # no ghost: nothing is first-time (`fresh` stays empty), plain LRU
+        order = self.order
+        limit = self.limit
+        hits = 0
+        for i, access in enumerate(batch):
+            key = access[0]
+            if key in order:
+                order.move_to_end(key)
+                hits |= 1 << i
+            else:
+                order[key] = None
+                if len(order) > limit:
+                    order.popitem(last=False)
+        return hits
+
+    def _replay_doorkeeper(self, batch: Sequence[Access]) -> int:
         order = self.order
         fresh = self.fresh
         ghost = self.ghost
-        generations, size = (ghost.generations, ghost.size) if ghost else ([], 0)
+        assert ghost is not None
+        generations, size, remember = ghost.generations, ghost.size, ghost.add
         limit = self.limit
+        window = self.window
         hits = 0
         for i, (key, depth, clock) in enumerate(batch):
             if key in order:
@@ -126,12 +150,16 @@ class Shadow:
                 order[key] = None
                 hits |= 1 << i
             else:
-                if ghost is not None and not probe(generations, size, key):
-                    fresh[key] = (clock, depth)
-                else:
+                if probe(generations, size, key):
                     order[key] = None
+                else:
+                    fresh[key] = (clock, depth)
                 if len(order) + len(fresh) > limit:
-                    self._evict(clock)
+                    # the oldest first-time key once out of its window, else LRU
+                    if fresh and (not order or next(iter(fresh.values()))[0] + window <= clock):
+                        remember(fresh.popitem(last=False)[0])
+                    else:
+                        remember(order.popitem(last=False)[0])
         return hits
 
     def _replay_scored(self, batch: Sequence[Access]) -> int:
@@ -141,8 +169,9 @@ class Shadow:
         ghost = self.ghost
         generations, size = (ghost.generations, ghost.size) if ghost else ([], 0)
         limit = self.limit
+        window = self.window
         rule_key = self.candidate.key_function(self.capacity)
-        push = heapq.heappush
+        push, pop = heapq.heappush, heapq.heappop
         seq = self.seq
         hits = 0
         for i, (key, depth, clock) in enumerate(batch):
@@ -165,8 +194,18 @@ class Shadow:
                 entries[key] = [seq, 1, depth, clock]
                 push(heap, (rule_key(1, depth, clock), seq, key))
             if len(entries) + len(fresh) > limit:
-                self.seq = seq
-                self._evict(clock)
+                # the oldest first-time key once out of its window, else the heap's top
+                if fresh and (not entries or next(iter(fresh.values()))[0] + window <= clock):
+                    victim = fresh.popitem(last=False)[0]
+                else:
+                    while True:  # entries is not empty: its live items are in the heap
+                        _, victim_seq, victim = pop(heap)
+                        entry = entries.get(victim)
+                        if entry is not None and entry[0] == victim_seq:
+                            break  # else stale
+                    del entries[victim]
+                if ghost is not None:
+                    ghost.add(victim)
         self.seq = seq
         if len(heap) > 2 * len(entries) + 64:
             self._rebuild()

@@ -114,6 +114,7 @@ class CandidatePolicy(ChainHeapPolicy):
         "_resize_above",
         "_resize_below",
         "_uses",
+        "_window",
         "candidate",
         "capacity",
         "clock",
@@ -144,6 +145,8 @@ class CandidatePolicy(ChainHeapPolicy):
         self._recency = candidate.reuse == "recency"
         self._doorkeeper = candidate.doorkeeper
         self._log_key = candidate.key_function(capacity)
+        self._window = candidate.probation * capacity
+        self._side_hold = self._window > 0
         # the owner's capacity is re-read when the tracked keys leave this band (25%)
         self._resize_above = capacity * 1.25
         self._resize_below = capacity * 0.8
@@ -161,15 +164,12 @@ class CandidatePolicy(ChainHeapPolicy):
             self.ghost = Ghost(window)
 
     def _side_first(self) -> bool:
-        window = self.candidate.probation * self.capacity
-        if not window:
-            return super()._side_first()
         side = self._side
         index = self._index
         keys = self._keys
         while side and index.get(keys[side[0] & SLOT_MASK]) != side[0]:
             heapq.heappop(side)  # garbage: the first-time key was hit, evicted or removed
-        return bool(side) and self._last[side[0] & SLOT_MASK] + window <= self.clock
+        return bool(side) and self._last[side[0] & SLOT_MASK] + self._window <= self.clock
 
     def pop_victims(self, n: int) -> list[Hashable]:
         victims = ChainHeapPolicy.pop_victims(self, n)
@@ -179,9 +179,7 @@ class CandidatePolicy(ChainHeapPolicy):
 
     def _remember(self, victims: list[Hashable]) -> None:
         """Add evicted keys to the doorkeeper's ghost (the caller checked it exists)."""
-        add = self.ghost.add  # type: ignore[union-attr]
-        for key in victims:
-            add(key)
+        self.ghost.add_all(victims)  # type: ignore[union-attr]
 
     def remove(self, key: Hashable) -> None:
         super().remove(key)

@@ -21,8 +21,9 @@ index, so garbage stays bounded and every operation is O(log n) amortized.
 A policy may give a new key a negative priority (below every non-negative one, as `auto`'s
 doorkeeper rules do for first-time blocks). Those items go to a second heap, `_side`, on
 insert: they arrive in increasing order, so pushing them costs O(1) instead of a sift to
-the root of the main heap; victims come from whichever heap has the smaller top, unless a
-subclass's `_side_first` keeps them a while (`probation-lru`). Garbage in `_side` is
+the root of the main heap; victims come from `_side` first (its items are below every item of
+the main heap), unless a subclass sets `_side_hold` and its `_side_first` keeps them a
+while (`probation-lru`). Garbage in `_side` is
 dropped as it reaches the top; a key that becomes eligible again and a rebuild put
 negative items back in `_side`.
 `lru` and `marconi` never have negative priorities, so `_side` stays empty for them.
@@ -92,6 +93,7 @@ class ChainHeapPolicy(EvictionPolicy):
         "_removals",
         "_seq",
         "_side",
+        "_side_hold",
         "_touches",
     )
 
@@ -105,6 +107,8 @@ class ChainHeapPolicy(EvictionPolicy):
         self._free: list[int] = []
         self._heap: list[int] = []
         self._side: list[int] = []
+        self._side_hold = False
+        """Whether `_side_first` decides when `_side`'s keys go (else they go first)."""
         self._seq = 0
         self._now = 0
         self._pinned = 0
@@ -203,7 +207,7 @@ class ChainHeapPolicy(EvictionPolicy):
         index = self._index
         keys = self._keys
         while len(victims) < n and (heap or side):
-            if side and (not heap or self._side_first()):
+            if side and (not heap or not self._side_hold or self._side_first()):
                 item = heapq.heappop(side)
             else:
                 item = heapq.heappop(heap)
@@ -252,11 +256,9 @@ class ChainHeapPolicy(EvictionPolicy):
     # --- helpers -------------------------------------------------------------------
 
     def _side_first(self) -> bool:
-        """Whether the next victim comes from `_side` while both heaps hold items.
-
-        The smaller top by default; a policy may keep `_side`'s keys a while longer.
-        """
-        return self._side[0] < self._heap[0]
+        """With `_side_hold`: whether the next victim comes from `_side` while both heaps
+        hold items."""
+        return True
 
     def _lookup(self, key: Hashable) -> int:
         try:
