@@ -52,11 +52,13 @@ import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from ._ghost import probe
 from ._shadow import Access, Shadow
 from .candidate import (
     DOORKEEPER_LFU,
     DOORKEEPER_LRU,
     LRU,
+    PROBATION_BASE,
     PROBATION_LRU,
     SEQ_MASK,
     Candidate,
@@ -243,9 +245,13 @@ class AutoPolicy(CandidatePolicy):
         pins = self._pins
         # keys stored before a switch to a doorkeeper were not looked up: do it now (a
         # key that is cached and remembered as evicted was stored again after eviction)
-        ghost = self.ghost if self.candidate.doorkeeper else None
+        ghost = self.ghost if self._doorkeeper else None
+        generations, size = (ghost.generations, ghost.size) if ghost else ([], 0)
         uses = self._uses
         first_time = self._first_time
+        # a recency rule's priority written out (`_priority`): a call per key was a
+        # third of a pass
+        recency, doorkeeper = self._recency, self._doorkeeper
         stop = min(self._rescore_next + RESCORE_STEP, self._rescore_end)
         for slot in range(self._rescore_next, stop):
             key = keys[slot]
@@ -253,9 +259,15 @@ class AutoPolicy(CandidatePolicy):
             if item is None or item & SLOT_MASK != slot:
                 continue  # a free slot or a removed parent
             if ghost is not None and uses[slot] == 1:
-                first_time[slot] = key not in ghost
+                first_time[slot] = not probe(generations, size, key)
             seq = (item >> SLOT_BITS) & SEQ_MASK
-            new = (self._priority(slot, seq) << SLOT_BITS) | slot
+            if not recency:
+                priority = self._priority(slot, seq)
+            elif doorkeeper and first_time[slot]:
+                priority = PROBATION_BASE | seq
+            else:
+                priority = seq
+            new = (priority << SLOT_BITS) | slot
             if new == item:
                 continue  # touched or inserted since the switch: already current
             item = new

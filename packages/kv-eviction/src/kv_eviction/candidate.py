@@ -45,6 +45,7 @@ __all__ = [
     "DOORKEEPER_LRU",
     "GHOST_TURNOVERS",
     "LRU",
+    "PROBATION_BASE",
     "PROBATION_LRU",
     "Candidate",
     "CandidatePolicy",
@@ -96,7 +97,7 @@ class Candidate:
 GHOST_TURNOVERS = 4
 """The doorkeeper's memory: keys evicted within the last 4 to 8 capacities' worth of
 evictions count as seen before (16 bytes per tracked key, see `_ghost.py`)."""
-_PROBATION = -1 << SEQ_BITS
+PROBATION_BASE = -1 << SEQ_BITS
 """Priority base of a doorkeeper's first-time block: below every other rule's priority."""
 
 
@@ -188,30 +189,31 @@ class CandidatePolicy(ChainHeapPolicy):
 
     def _priority(self, slot: int, seq: int) -> int:
         if self._doorkeeper and self._first_time[slot]:
-            return _PROBATION | seq
+            return PROBATION_BASE | seq
         if self._recency:
             return seq
         key = self._log_key(self._uses[slot], self._depth[slot], self._last[slot])
         return (float_order_bits(key) << SEQ_BITS) | seq
 
     def _priority_on_insert(self, slot: int, depth: int, seq: int) -> int:
-        self.clock += 1
+        self.clock = clock = self.clock + 1
+        first_time = 0  # not looked up unless a doorkeeper rule: ordered as seen before
         if self._doorkeeper:
             ghost = self.ghost
             parent = self._parent[slot]
             if ghost is None or (parent >= 0 and self._first_time[parent]):
                 # a block whose prefix is new is new: its hash covers the prefix, and a
                 # child leaves the cache (and enters the ghost) before its parent
-                self._first_time[slot] = 1
-            else:  # the doorkeeper's per-insert cost: one ghost probe
-                seen = probe(ghost.generations, ghost.size, self._keys[slot])
-                self._first_time[slot] = not seen
-        else:
-            self._first_time[slot] = 0  # not looked up: ordered as seen before
+                first_time = 1
+            elif not probe(ghost.generations, ghost.size, self._keys[slot]):
+                first_time = 1  # the doorkeeper's per-insert cost: one ghost probe
+        self._first_time[slot] = first_time
         self._uses[slot] = 1
         self._depth[slot] = depth
-        self._last[slot] = self.clock
-        if self._recency and not self._first_time[slot]:
+        self._last[slot] = clock
+        if first_time:
+            return PROBATION_BASE | seq
+        if self._recency:
             return seq  # LRU keys are the sequence number
         return self._priority(slot, seq)
 
