@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from kv_eviction import AutoPolicy, make_policy, simulate
 from kv_eviction._shadow import Shadow
 from kv_eviction.auto import DEFAULT_CANDIDATES, RESCORE_STEP, Candidate
-from kv_eviction.candidate import CandidatePolicy
+from kv_eviction.candidate import DOORKEEPER_LRU, CandidatePolicy
 from kv_eviction.synthetic import GENERATORS, rag, sessions
 from reference import SWITCH_EVERY_EPOCH, ReferencePolicy, random_workload
 
@@ -143,6 +143,27 @@ def test_an_incremental_switch_ends_in_the_new_rules_exact_order() -> None:
     for _ in range(-(-100 // RESCORE_STEP)):  # enough operations to re-key 100 slots
         assert auto.pop_victims(0) == []
     assert auto.pop_victims(100) == reference.pop_victims(100)
+
+
+def test_a_switch_to_a_doorkeeper_looks_up_the_keys_stored_before_it() -> None:
+    """Keys stored under LRU were not looked up in the ghost; the re-scoring pass does it:
+    afterwards the ones never hit and not remembered as evicted go first, oldest first,
+    then the rest by recency."""
+    auto = AutoPolicy()
+    auto.set_ghost(100)
+    assert auto.ghost is not None
+    auto.ghost.add_all(range(0, 90, 2))  # even keys were cached and evicted before
+    for key in range(100):
+        auto.insert(key)
+    for key in range(90, 100):
+        auto.touch(key)  # hit: not first-time whatever the ghost says
+    auto.start_rescore(DOORKEEPER_LRU, 100)
+    for _ in range(-(-100 // RESCORE_STEP)):  # enough operations to re-key 100 slots
+        assert auto.pop_victims(0) == []
+    first_time = [key for key in range(90) if key not in auto.ghost]
+    assert len(first_time) >= 40  # the odd keys, less the filter's false positives
+    seen = [key for key in range(90) if key in auto.ghost]
+    assert auto.pop_victims(100) == first_time + seen + list(range(90, 100))
 
 
 @pytest.mark.parametrize("size", [1_000, 2_000, 10_000, 100_000])
