@@ -11,7 +11,7 @@ from kv_eviction import AutoPolicy, make_policy, simulate
 from kv_eviction._shadow import Shadow
 from kv_eviction.auto import DEFAULT_CANDIDATES, RESCORE_STEP, Candidate
 from kv_eviction.candidate import DOORKEEPER_LRU, CandidatePolicy
-from kv_eviction.synthetic import GENERATORS, rag, sessions
+from kv_eviction.synthetic import GENERATORS, cycle, rag, sessions
 from reference import SWITCH_EVERY_EPOCH, ReferencePolicy, random_workload
 
 OPS = st.lists(
@@ -285,3 +285,17 @@ def test_heap_policies_keep_their_state_in_slots(name: str) -> None:
     policy = AutoPolicy(**SWITCH_EVERY_EPOCH) if name == "auto" else make_policy(name)
     random_workload(policy, ReferencePolicy("lru"), steps=3000, seed=0)
     assert set(vars(policy)) <= {"name"}  # RulePolicy names itself after its rule
+
+
+def test_auto_keeps_part_of_every_session_when_sessions_cycle_beyond_the_cache() -> None:
+    """24 sessions of ~45 blocks cycle through a 600-block cache: LRU, and every recency
+    rule, evicts each session just before it comes back and hits nothing; the seed's
+    Marconi rule keeps every session's first blocks. `auto` must find a rule that hits."""
+    trace = cycle(count=24, context_tokens=640, turn_tokens=32, output_tokens=16, rounds=12)
+    lru = simulate(trace, make_policy("lru"), 600).token_hit_rate
+    marconi = simulate(trace, make_policy("marconi"), 600).token_hit_rate
+    auto = AutoPolicy()
+    rate = simulate(trace, auto, 600).token_hit_rate
+    assert lru == 0.0
+    assert marconi > 0.35
+    assert rate > 0.2, f"auto {rate:.3f} on {auto.candidate.name}"

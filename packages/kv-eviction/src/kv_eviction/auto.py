@@ -67,7 +67,7 @@ from .candidate import (
 from .chainheap import SLOT_BITS, SLOT_MASK, ChainHeapPolicy
 from .policy import register_policy, reject_unknown_options
 
-__all__ = ["DEFAULT_CANDIDATES", "AutoPolicy", "Candidate", "CandidatePolicy"]
+__all__ = ["DEFAULT_CANDIDATES", "MARCONI_SHAPE", "AutoPolicy", "Candidate", "CandidatePolicy"]
 
 BATCH = 64
 """Sampled accesses queued before the shadows replay them (one call per shadow per batch)."""
@@ -81,16 +81,21 @@ _HASH_MULT = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
 _HASH_SPACE = 1 << 64
 
+MARCONI_SHAPE = Candidate("marconi-shape", reuse="linear", depth_weight=1.0)
+"""Use count over prefix depth + 1, no decay: the seed's Marconi rule. Where sessions come
+back in a cycle longer than the cache, every recency rule keeps nothing; this one keeps
+the first blocks of every session."""
+
 DEFAULT_CANDIDATES: tuple[Candidate, ...] = (
     LRU,
-    Candidate("lfu-decay-1", reuse="linear", decay_per_turnover=1.0),
+    MARCONI_SHAPE,
     DOORKEEPER_LRU,
     DOORKEEPER_LFU,
     PROBATION_LRU,
 )
 """Five rules, one of each kind: every shadow costs a share of the sampling budget, and the
 share per candidate decides how fast a better rule is found, so near-duplicates (decays
-0.25 and 4, log reuse, Marconi's depth term) were dropped."""
+0.25, 1 and 4, log reuse) were dropped."""
 
 
 class AutoPolicy(CandidatePolicy):

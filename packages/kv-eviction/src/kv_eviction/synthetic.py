@@ -6,6 +6,9 @@
   each other after a short think time, but sessions often idle for minutes and resume.
 * `rag`: a shared system prompt, one retrieved document drawn from a Zipf popularity
   distribution, and a question that is never repeated.
+* `cycle`: sessions in lockstep rounds (the multi-turn GPU benchmark's shape): every round
+  appends a turn to every session and sends each whole history, one session after another,
+  so the sessions come back in a cycle that may be longer than the cache.
 
 Lengths are in tokens; block hashes chain over (segment, token range) pieces
 (`trace.chain_hashes`), so only the trailing partial block of a prompt is uncacheable.
@@ -20,7 +23,7 @@ from collections.abc import Callable
 
 from .trace import Request, Trace, chain_hashes
 
-__all__ = ["GENERATORS", "SYNTHETIC_BLOCK_SIZE", "agents", "rag", "sessions"]
+__all__ = ["GENERATORS", "SYNTHETIC_BLOCK_SIZE", "agents", "cycle", "rag", "sessions"]
 
 SYNTHETIC_BLOCK_SIZE = 128
 
@@ -111,6 +114,37 @@ def sessions(
     return Trace("sessions", block_size, _multi_turn(streams, block_size))
 
 
+def cycle(
+    *,
+    count: int = 48,
+    context_tokens: int = 6000,
+    turn_tokens: int = 200,
+    output_tokens: int = 64,
+    rounds: int = 4,
+    round_s: float = 10.0,
+    block_size: int = 16,
+    seed: int = 0,
+) -> Trace:
+    """`count` sessions of `context_tokens` each (+-10%); every round appends a user turn to
+    every session, sends its whole history and appends the reply. Defaults: the multi-turn
+    GPU benchmark (48 sessions x 6,000 tokens, 4 rounds, vLLM's 16-token blocks)."""
+    rng = random.Random(seed)
+    ids = itertools.count(count)
+    streams = []
+    for session in range(count):
+        context = rng.randint(context_tokens * 9 // 10, context_tokens * 11 // 10)
+        segments = [(session, context)]
+        length = context
+        turns = []
+        for turn in range(rounds):
+            segments += [(next(ids), turn_tokens), (next(ids), output_tokens)]
+            length += turn_tokens
+            turns.append((length, output_tokens, round_s if turn else 0.0))
+            length += output_tokens
+        streams.append((session * round_s / (10 * count), segments, turns))
+    return Trace("cycle", block_size, _multi_turn(streams, block_size))
+
+
 def rag(
     *,
     count: int = 4000,
@@ -152,4 +186,9 @@ def rag(
     return Trace("rag", block_size, requests)
 
 
-GENERATORS: dict[str, Callable[..., Trace]] = {"agents": agents, "sessions": sessions, "rag": rag}
+GENERATORS: dict[str, Callable[..., Trace]] = {
+    "agents": agents,
+    "sessions": sessions,
+    "rag": rag,
+    "cycle": cycle,
+}
