@@ -7,8 +7,10 @@ without Triton), then the copy stream moves the buffer to the L1 rows; a load ru
 pipeline backwards. Loads and stores have their own pair of streams and their own staging
 buffers: a store issued while a large load is crossing the link (a request that starts
 computing while the rest of its wave still loads) is gathered at once and its D2H copy
-runs beside the H2D load, instead of queueing the caller's stream behind the whole load. Between staging and L1 rows a chunk moves either by DMA, one copy per
-run of consecutive slots, or, when its slots are scattered into many runs, by one kernel
+runs beside the H2D load, instead of queueing the caller's stream behind the whole load.
+
+Between staging and L1 rows a chunk moves either by DMA, one copy per run of consecutive
+slots, or, when its slots are scattered into many runs, by one kernel
 that reads or writes the rows over PCIe (issuing one DMA per run would block the engine's
 thread for as long as the link is busy). A scattered load skips staging altogether: the
 kernel reads the rows straight into the KV blocks.
@@ -145,8 +147,8 @@ class CudaBlockMover:
             if width == 0 or direct:
                 continue
             chunk = max(1, CHUNK_BYTES // width)
-            count = max(4, share // (chunk * width))
-            loads = min(LOAD_RING_CHUNKS, count // 2)
+            count = max(2, share // (chunk * width))
+            loads = max(1, min(LOAD_RING_CHUNKS, count // 2))
             self._rings[group_id] = _Ring(device, width, chunk, count - loads, kernel=kernel)
             self._load_rings[group_id] = _Ring(device, width, chunk, loads, kernel=kernel)
         self._warm_up()
