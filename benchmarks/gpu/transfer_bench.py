@@ -170,6 +170,23 @@ class Bench:
         nbytes = count * self.layout.stride
         return self.issued(lambda: self.load(slots, gpu_blocks, jobs), reps, nbytes)
 
+    def beside_load(self, job: TransferJob | None, work: Callable[[], None]) -> tuple[float, float]:
+        """Issue `job`'s load (none: no load), then `work` on the caller's stream: seconds
+        until the caller's stream has done `work`, and until every transfer has landed."""
+        sync()
+        start = time.perf_counter()
+        if job is not None:
+            self.worker.start_loads(OffloadMetadata(loads=[job]))
+        work()
+        done = torch.cuda.Event()
+        done.record()
+        done.synchronize()
+        caller_s = time.perf_counter() - start
+        self.worker.drain()
+        if job is not None:
+            assert self.worker.take_finished_loads()
+        return caller_s, time.perf_counter() - start
+
     def store_during_load(self, reps: int, store_blocks: int = 16) -> dict[str, float]:
         """A load of `blocks` blocks, then at once a store of `store_blocks` other blocks
         (a request that computes while its wave still loads): how long the caller's stream
@@ -178,23 +195,17 @@ class Bench:
         load_slots = list(range(self.blocks))
         src = list(range(self.blocks, self.blocks + store_blocks))
         slots = list(range(2 * self.blocks, 2 * self.blocks + store_blocks))
-        caller_s, load_s = [], []
-        for _ in range(reps):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            self.worker.start_loads(OffloadMetadata(loads=[self.job(load_blocks, load_slots)]))
+
+        def store() -> None:
             self.worker.run_stores(OffloadMetadata(stores=[self.job(src, slots)]))
-            caller = torch.cuda.Event()
-            caller.record()
-            caller.synchronize()
-            caller_s.append(time.perf_counter() - start)
-            self.worker.drain()
-            load_s.append(time.perf_counter() - start)
-            assert self.worker.take_finished_loads()
+
+        runs = []
+        for _ in range(reps):
+            runs.append(self.beside_load(self.job(load_blocks, load_slots), store))
             assert self.worker.take_report() is not None
         return {
-            "caller_wait_ms": round(statistics.median(caller_s) * 1e3, 2),
-            "load_ms": round(statistics.median(load_s) * 1e3, 2),
+            "caller_wait_ms": round(statistics.median(c for c, _ in runs) * 1e3, 2),
+            "load_ms": round(statistics.median(t for _, t in runs) * 1e3, 2),
         }
 
     def compute_beside_load(self, reps: int) -> dict[str, Any]:
@@ -215,22 +226,6 @@ class Bench:
                 torch.matmul(acts, weights)
             staged.copy_(inputs, non_blocking=True)
 
-        def run(beside_load: bool) -> tuple[float, float]:
-            sync()
-            start = time.perf_counter()
-            if beside_load:
-                job = self.job(gpu_blocks, slots)
-                self.worker.start_loads(OffloadMetadata(loads=[job]))
-            step_work()
-            done = torch.cuda.Event()
-            done.record()
-            done.synchronize()
-            work_s = time.perf_counter() - start
-            self.worker.drain()
-            if beside_load:
-                assert self.worker.take_finished_loads()
-            return work_s, time.perf_counter() - start
-
         rng = random.Random(3)
         slots = rng.sample(range(2 * self.blocks), self.blocks)
         gpu_blocks = list(range(self.blocks))
@@ -242,9 +237,9 @@ class Bench:
         for name, (programs, kernel) in ways.items():
             self._mover._host_programs = programs  # the benchmark's own knob
             cuda_mover.MAX_DMA_RUNS = kernel_runs if kernel else len(slots)
-            run(True)  # compile and warm up this way
-            alone = [run(False)[0] for _ in range(reps)]
-            beside = [run(True) for _ in range(reps)]
+            self.beside_load(self.job(gpu_blocks, slots), step_work)  # compile, warm up
+            alone = [self.beside_load(None, step_work)[0] for _ in range(reps)]
+            beside = [self.beside_load(self.job(gpu_blocks, slots), step_work) for _ in range(reps)]
             result[name] = {
                 "work_alone_ms": round(statistics.median(alone) * 1e3, 2),
                 "work_beside_load_ms": round(statistics.median(w for w, _ in beside) * 1e3, 2),
