@@ -3,10 +3,10 @@
 `install(path)` wraps vLLM's `Scheduler.schedule` and `Scheduler.update_from_output` (in
 the process that calls it and in engine processes forked after it) so every step appends
 one JSON line to `path`: `{"k": "s", ...}` when a step is scheduled (monotonic time, tokens
-and requests scheduled, requests new to the batch, running, waiting, waiting for remote
-KV) and `{"k": "u", ...}` when its output comes back (loads and stores the connector
-reported finished). The clock is `time.monotonic`, shared by every process of the host, so
-the benchmark's round boundaries line up with the steps.
+and requests scheduled, requests new to the batch, running, waiting) and `{"k": "u", ...}`
+when its output comes back (loads and stores the connector reported finished). The clock
+is `time.monotonic`, shared by every process of the host, so the benchmark's round
+boundaries line up with the steps.
 
 `python step_timeline.py TIMELINE ROUNDS_JSON` reports, per round: the steps, and the wall
 time of the steps that computed nothing (waiting for loads), that carried prefill tokens,
@@ -39,7 +39,6 @@ def install(path: str) -> None:
     if _sink is not None:
         return
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.request import RequestStatus
 
     _sink = open(path, "a", buffering=1)  # noqa: SIM115 - one line per step, for the process' life
     schedule: Callable[..., Any] = Scheduler.schedule
@@ -47,7 +46,6 @@ def install(path: str) -> None:
 
     def timed_schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = schedule(self, *args, **kwargs)
-        remote = sum(r.status == RequestStatus.WAITING_FOR_REMOTE_KVS for r in self.waiting)
         _write(
             k="s",
             tokens=out.total_num_scheduled_tokens,
@@ -55,7 +53,6 @@ def install(path: str) -> None:
             new=len(out.scheduled_new_reqs),
             running=len(self.running),
             waiting=len(self.waiting),
-            remote=remote,
         )
         return out
 
