@@ -21,23 +21,36 @@ is why each run also reports the prompt tokens served from cache). A run first f
 L1 twice over (not timed), then times `--steps` steps; the policies run interleaved
 `--rounds` times and per policy the fastest round's median step counts. Each run has a fresh process: in one process a
 later run is slower than an earlier one of the same policy (lru's second run took
-12.96 against 9.50 ms per step), which favoured whichever policy ran first.
+12.96 against 9.50 ms per step), which favoured whichever policy ran first; the order of
+the policies alternates from round to round. Besides the ratio of the fastest rounds, the
+table gives the median and range of the per-round ratios (each round's runs follow each
+other, so load that drifts over minutes cancels).
 
-    python bench_eviction_step.py [--blocks 4096,65536] [--steps 60] [--rounds 3]
+`--record DIR` also writes each run's L1 policy calls (fill and timed steps, in order) to
+DIR for `replay_eviction_calls.py`, which times the policy alone on them; the calls go
+through a recording wrapper then, so the step times of such a run are not comparable.
+A recording replays only under the PYTHONHASHSEED it was made with (the connector's keys
+are `bytes`, and `auto` samples them by hash).
+
+    python bench_eviction_step.py [--blocks 4096,65536] [--steps 60] [--rounds 3] [--record DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import pickle
 import random
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Hashable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from kv_eviction import EvictionPolicy, PolicyStats, make_policy, register_policy
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path[:0] = [str(ROOT / "tests-integration"), str(ROOT / "tools")]
@@ -49,6 +62,56 @@ BLOCK = 16
 PROMPT_BLOCKS = 248
 SLOT_BYTES = 2 * 2 * BLOCK * 2 * 16 * 2  # layers x (K, V) x tokens x heads x dims x bf16
 HISTORY = 64
+CALLS: list[tuple[Any, ...]] = []
+"""The recorded calls of every `RecordingPolicy` of this process, in order, and markers."""
+
+
+class RecordingPolicy(EvictionPolicy):
+    """A registered policy that appends every call to `CALLS` (tagged with its instance)."""
+
+    def __init__(self, policy: EvictionPolicy) -> None:
+        self.policy = policy
+        self.name = policy.name
+        self.tag = sum(1 for call in CALLS if call[0] == "new")
+        CALLS.append(("new", self.tag))
+
+    def insert(self, key: Hashable, parent: Hashable | None = None, depth: int = 0) -> None:
+        CALLS.append((self.tag, "insert", key, parent, depth))
+        self.policy.insert(key, parent, depth)
+
+    def touch(self, key: Hashable) -> None:
+        CALLS.append((self.tag, "touch", key))
+        self.policy.touch(key)
+
+    def remove(self, key: Hashable) -> None:
+        CALLS.append((self.tag, "remove", key))
+        self.policy.remove(key)
+
+    def pin(self, key: Hashable) -> None:
+        CALLS.append((self.tag, "pin", key))
+        self.policy.pin(key)
+
+    def unpin(self, key: Hashable) -> None:
+        CALLS.append((self.tag, "unpin", key))
+        self.policy.unpin(key)
+
+    def pop_victims(self, n: int) -> list[Hashable]:
+        victims = self.policy.pop_victims(n)
+        CALLS.append((self.tag, "pop_victims", n, len(victims)))
+        return victims
+
+    def tick(self, n: int = 1) -> None:
+        CALLS.append((self.tag, "tick", n))
+        self.policy.tick(n)
+
+    def __len__(self) -> int:
+        return len(self.policy)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.policy
+
+    def stats(self) -> PolicyStats:
+        return self.policy.stats()
 
 
 class TimedLoop(EngineLoop):
@@ -111,17 +174,22 @@ class Cost(NamedTuple):
     cached_tokens: float
 
 
-def measure(model: str, policy: str, blocks: int, steps: int, seed: int) -> Cost:
-    """One run of `steps` timed steps (see the module docstring)."""
+def measure(model: str, policy: str, blocks: int, steps: int, seed: int, record: str = "") -> Cost:
+    """One run of `steps` timed steps (see the module docstring); with `record`, the L1
+    policy's calls are written to that file."""
     rng = random.Random(seed)
     history: list[list[int]] = []
+    name = policy
+    if record:
+        name = f"recorded-{policy}"
+        register_policy(name, lambda: RecordingPolicy(make_policy(policy)))
     with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
         loop = TimedLoop(
             model,
             {
                 "cpu_pool_path": tmp,
                 "cpu_bytes_to_use": blocks * SLOT_BYTES,
-                "eviction_policy": policy,
+                "eviction_policy": name,
             },
             block_size=BLOCK,
             num_blocks=4096,
@@ -134,10 +202,12 @@ def measure(model: str, policy: str, blocks: int, steps: int, seed: int) -> Cost
             costs: list[float] = []
             thread_costs: list[float] = []
             cached: list[int] = []
+            CALLS.append(("timed",))
             while len(costs) < steps:
                 batch = loop.submit(_prompts(rng, 8, history), max_tokens=1)
                 finished = 0
                 while finished < len(batch):
+                    CALLS.append(("step",))
                     loop.seconds = loop.thread_seconds = 0.0
                     done = loop.step()
                     finished += len(done)
@@ -146,14 +216,19 @@ def measure(model: str, policy: str, blocks: int, steps: int, seed: int) -> Cost
                     thread_costs.append(loop.thread_seconds)
         finally:
             loop.shutdown()
+    if record:
+        with open(record, "wb") as out:
+            pickle.dump({"policy": policy, "probe": hash(b"probe"), "calls": CALLS}, out)
     return Cost(statistics.median(costs), statistics.median(thread_costs), statistics.mean(cached))
 
 
-def measure_alone(model: str, policy: str, blocks: int, steps: int, seed: int) -> Cost:
+def measure_alone(
+    model: str, policy: str, blocks: int, steps: int, seed: int, record: str = ""
+) -> Cost:
     """`measure` in a fresh process (spawned: no state of earlier runs)."""
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-        return pool.submit(measure, model, policy, blocks, steps, seed).result()
+        return pool.submit(measure, model, policy, blocks, steps, seed, record).result()
 
 
 def main() -> None:
@@ -163,6 +238,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--record", default="", help="folder for the policies' calls")
     args = parser.parse_args()
     policies = args.policies.split(",")
     with tempfile.TemporaryDirectory(prefix="bench-model-") as models:
@@ -170,22 +246,35 @@ def main() -> None:
         print(
             "| L1 blocks | CPU of | "
             + " | ".join(f"{p} ms/step" for p in policies)
-            + " | ratio | cached tokens per prompt |"
+            + " | ratio | per round: median [range] | cached tokens per prompt |"
         )
-        print("|---:|---|" + "---:|" * (len(policies) + 2))
+        print("|---:|---|" + "---:|" * (len(policies) + 3))
         for blocks in (int(float(b)) for b in args.blocks.split(",")):
             runs: dict[str, list[Cost]] = {p: [] for p in policies}
-            for _ in range(args.rounds):
-                for policy in policies:
-                    runs[policy].append(measure_alone(model, policy, blocks, args.steps, args.seed))
+            for round_ in range(args.rounds):
+                order = policies if round_ % 2 == 0 else policies[::-1]
+                for policy in order:
+                    record = ""
+                    if args.record:
+                        record = str(Path(args.record) / f"{policy}-{blocks}-{round_}.pkl")
+                    cost = measure_alone(model, policy, blocks, args.steps, args.seed, record)
+                    runs[policy].append(cost)
             cached = " / ".join(
                 f"{statistics.mean(run.cached_tokens for run in runs[p]):,.0f}" for p in policies
             )
+            first, last = runs[policies[0]], runs[policies[-1]]
             for field in ("thread", "process"):
                 best = {p: min(getattr(run, field) for run in runs[p]) for p in policies}
                 cells = " | ".join(f"{1e3 * best[p]:.2f}" for p in policies)
                 ratio = best[policies[-1]] / best[policies[0]]
-                print(f"| {blocks:,} | {field} | {cells} | {ratio:.2f}x | {cached} |", flush=True)
+                paired = [
+                    getattr(b, field) / getattr(a, field) for a, b in zip(first, last, strict=True)
+                ]
+                spread = f"{statistics.median(paired):.2f}x [{min(paired):.2f}-{max(paired):.2f}]"
+                print(
+                    f"| {blocks:,} | {field} | {cells} | {ratio:.2f}x | {spread} | {cached} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":
