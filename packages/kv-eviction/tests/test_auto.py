@@ -193,6 +193,32 @@ def test_shadow_work_per_access_is_bounded_at_every_size(
     assert policy.sample_rate * len(policy.candidates) <= policy.sample_budget
 
 
+def test_every_insert_and_touch_reaches_the_shadows_once_with_depth_and_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`auto` watches accesses through the heap's end-of-access hook, not a wrapper: every
+    insert and touch is one sampled access (key, depth, clock of inserted blocks), in order."""
+    seen: list[tuple[object, int, int]] = []
+    real_replay = Shadow.replay
+
+    def recorded(shadow: Shadow, batch: list[tuple[object, int, int]]) -> int:
+        if shadow.candidate == DEFAULT_CANDIDATES[0]:
+            seen.extend(batch)
+        return real_replay(shadow, batch)
+
+    monkeypatch.setattr(Shadow, "replay", recorded)
+    policy = AutoPolicy(sample_budget=len(DEFAULT_CANDIDATES))  # R = 1: every key sampled
+    expected = []
+    for key in range(300):
+        policy.insert(key, key - 1 if key % 3 else None, key % 3)
+        expected.append((key, key % 3, key + 1))
+        if key % 2:
+            policy.touch(key // 2)
+            expected.append((key // 2, key // 2 % 3, key + 1))
+    policy.pop_victims(1)  # the capacity is read: queued accesses are replayed
+    assert seen == expected
+
+
 RULES = (
     *DEFAULT_CANDIDATES,
     Candidate("marconi-decay-1", reuse="linear", depth_weight=1.0, decay_per_turnover=1.0),
