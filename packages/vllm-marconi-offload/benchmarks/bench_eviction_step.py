@@ -165,6 +165,23 @@ def _prompts(rng: random.Random, count: int, history: list[list[int]]) -> list[l
     return out
 
 
+def parse_policy(spec: str) -> tuple[str, dict[str, Any]]:
+    """`name` or `name:option=value:...` (numbers as numbers) -> name and options."""
+    name, *pairs = spec.split(":")
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, _, text = pair.partition("=")
+        value: Any = text
+        for kind in (int, float):
+            try:
+                value = kind(text)
+                break
+            except ValueError:
+                continue
+        options[key] = value
+    return name, options
+
+
 class Cost(NamedTuple):
     """One run: median CPU seconds of `schedule()` + `update_from_output()` per step, of
     the process and of the scheduler's thread; mean prompt tokens served from cache."""
@@ -179,10 +196,11 @@ def measure(model: str, policy: str, blocks: int, steps: int, seed: int, record:
     policy's calls are written to that file."""
     rng = random.Random(seed)
     history: list[list[int]] = []
-    name = policy
+    name, options = parse_policy(policy)
     if record:
-        name = f"recorded-{policy}"
-        register_policy(name, lambda: RecordingPolicy(make_policy(policy)))
+        recorded = name
+        name = f"recorded-{name}"
+        register_policy(name, lambda **o: RecordingPolicy(make_policy(recorded, **o)))
     with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
         loop = TimedLoop(
             model,
@@ -190,6 +208,7 @@ def measure(model: str, policy: str, blocks: int, steps: int, seed: int, record:
                 "cpu_pool_path": tmp,
                 "cpu_bytes_to_use": blocks * SLOT_BYTES,
                 "eviction_policy": name,
+                "eviction_options": options,
             },
             block_size=BLOCK,
             num_blocks=4096,
@@ -234,7 +253,11 @@ def measure_alone(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", default="4096,65536", help="L1 sizes in blocks")
-    parser.add_argument("--policies", default="lru,auto")
+    parser.add_argument(
+        "--policies",
+        default="lru,auto",
+        help="comma-separated; options as auto:switch_margin=0.99; ratios are to the first",
+    )
     parser.add_argument("--steps", type=int, default=60, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -243,12 +266,14 @@ def main() -> None:
     policies = args.policies.split(",")
     with tempfile.TemporaryDirectory(prefix="bench-model-") as models:
         model = str(tiny_model.build(Path(models) / "tiny-llama", "llama"))
+        others = policies[1:]
         print(
             "| L1 blocks | CPU of | "
             + " | ".join(f"{p} ms/step" for p in policies)
-            + " | ratio | per round: median [range] | cached tokens per prompt |"
+            + "".join(f" | {p} / {policies[0]} | per round: median [range]" for p in others)
+            + " | cached tokens per prompt |"
         )
-        print("|---:|---|" + "---:|" * (len(policies) + 3))
+        print("|---:|---|" + "---:|" * (len(policies) + 2 * len(others) + 1))
         for blocks in (int(float(b)) for b in args.blocks.split(",")):
             runs: dict[str, list[Cost]] = {p: [] for p in policies}
             for round_ in range(args.rounds):
@@ -256,25 +281,24 @@ def main() -> None:
                 for policy in order:
                     record = ""
                     if args.record:
-                        record = str(Path(args.record) / f"{policy}-{blocks}-{round_}.pkl")
+                        label = policy.replace(":", "-").replace("=", "")
+                        record = str(Path(args.record) / f"{label}-{blocks}-{round_}.pkl")
                     cost = measure_alone(model, policy, blocks, args.steps, args.seed, record)
                     runs[policy].append(cost)
             cached = " / ".join(
                 f"{statistics.mean(run.cached_tokens for run in runs[p]):,.0f}" for p in policies
             )
-            first, last = runs[policies[0]], runs[policies[-1]]
             for field in ("thread", "process"):
                 best = {p: min(getattr(run, field) for run in runs[p]) for p in policies}
-                cells = " | ".join(f"{1e3 * best[p]:.2f}" for p in policies)
-                ratio = best[policies[-1]] / best[policies[0]]
-                paired = [
-                    getattr(b, field) / getattr(a, field) for a, b in zip(first, last, strict=True)
-                ]
-                spread = f"{statistics.median(paired):.2f}x [{min(paired):.2f}-{max(paired):.2f}]"
-                print(
-                    f"| {blocks:,} | {field} | {cells} | {ratio:.2f}x | {spread} | {cached} |",
-                    flush=True,
-                )
+                cells = [f"{1e3 * best[p]:.2f}" for p in policies]
+                for other in others:
+                    pairs = zip(runs[policies[0]], runs[other], strict=True)
+                    paired = [getattr(b, field) / getattr(a, field) for a, b in pairs]
+                    cells.append(f"{best[other] / best[policies[0]]:.2f}x")
+                    cells.append(
+                        f"{statistics.median(paired):.2f}x [{min(paired):.2f}-{max(paired):.2f}]"
+                    )
+                print(f"| {blocks:,} | {field} | {' | '.join(cells)} | {cached} |", flush=True)
 
 
 if __name__ == "__main__":
