@@ -26,6 +26,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from bench_eviction_step import parse_policy
 from kv_eviction import EvictionPolicy, make_policy
 
 CHUNK = 1000
@@ -69,7 +70,8 @@ def measure(fill: list[Call], timed: list[Call], names: list[str]) -> dict[str, 
     policies: dict[str, EvictionPolicy] = {}
     seconds: dict[str, float] = {}
     for name in names:
-        policies[name] = make_policy(name)
+        label, options = parse_policy(name)
+        policies[name] = make_policy(label, **options)
         seconds[name] = 0.0
         try:
             replay(policies[name], fill)
@@ -94,7 +96,9 @@ def measure(fill: list[Call], timed: list[Call], names: list[str]) -> dict[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recordings", nargs="+")
-    parser.add_argument("--policies", default="", help="default: the recorded policy")
+    parser.add_argument(
+        "--policies", default="", help="as bench_eviction_step's; default: the recorded one"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     print("| recording | timed steps | calls per step | policy: ms per step (x first) |")
