@@ -75,25 +75,24 @@ class RecordingPolicy(EvictionPolicy):
         self.tag = sum(1 for call in CALLS if call[0] == "new")
         CALLS.append(("new", self.tag))
 
+    def _call(self, name: str, *args: Any) -> None:
+        CALLS.append((self.tag, name, *args))
+        getattr(self.policy, name)(*args)
+
     def insert(self, key: Hashable, parent: Hashable | None = None, depth: int = 0) -> None:
-        CALLS.append((self.tag, "insert", key, parent, depth))
-        self.policy.insert(key, parent, depth)
+        self._call("insert", key, parent, depth)
 
     def touch(self, key: Hashable) -> None:
-        CALLS.append((self.tag, "touch", key))
-        self.policy.touch(key)
+        self._call("touch", key)
 
     def remove(self, key: Hashable) -> None:
-        CALLS.append((self.tag, "remove", key))
-        self.policy.remove(key)
+        self._call("remove", key)
 
     def pin(self, key: Hashable) -> None:
-        CALLS.append((self.tag, "pin", key))
-        self.policy.pin(key)
+        self._call("pin", key)
 
     def unpin(self, key: Hashable) -> None:
-        CALLS.append((self.tag, "unpin", key))
-        self.policy.unpin(key)
+        self._call("unpin", key)
 
     def pop_victims(self, n: int) -> list[Hashable]:
         victims = self.policy.pop_victims(n)
@@ -101,8 +100,7 @@ class RecordingPolicy(EvictionPolicy):
         return victims
 
     def tick(self, n: int = 1) -> None:
-        CALLS.append((self.tag, "tick", n))
-        self.policy.tick(n)
+        self._call("tick", n)
 
     def __len__(self) -> int:
         return len(self.policy)

@@ -68,9 +68,11 @@ class ChainHeapPolicy(EvictionPolicy):
     A subclass sets `name`, defines `_grow` (append one slot to its own per-slot arrays)
     and the priority of a key on insert and on touch: a non-negative int (or negative for
     keys that go before all others, see above) whose low `SEQ_BITS` are the `seq` passed
-    in; lower is evicted first. It inherits chain consistency, pins, lazy invalidation and
-    the rest of `EvictionPolicy`; `register_policy(name, factory)` makes it available to
-    `make_policy` and so to every configuration that asks `validate_policy`.
+    in; lower is evicted first. A policy that watches every access extends `_accessed`,
+    which ends each insert and touch. It inherits chain consistency, pins, lazy
+    invalidation and the rest of `EvictionPolicy`; `register_policy(name, factory)` makes
+    it available to `make_policy` and so to every configuration that asks
+    `validate_policy`.
     """
 
     # Slots, not an instance dict: CPython 3.11 shares a dict's keys among instances only
