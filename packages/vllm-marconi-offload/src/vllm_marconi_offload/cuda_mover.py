@@ -35,12 +35,13 @@ from .config import ConfigError
 from .triton_copy import GroupCopyPlan
 
 STAGING_ENV = "VLLM_MARCONI_OFFLOAD_STAGING_MIB"
+PROGRAMS_ENV = "VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS"
 CHUNK_BYTES = 128 << 20
 # Loads reuse a buffer once its GPU-local scatter is done, so a few keep the link busy;
 # stores reuse one only once it has crossed the link, so they get the rest.
 LOAD_RING_CHUNKS = 4
-# Kernels that read or write L1 rows over PCIe launch this many programs per SM: enough to
-# keep the link busy, few enough to leave the SMs to the forward pass beside them.
+# Kernels that read or write L1 rows over PCIe launch this many programs per SM by default:
+# enough to keep the link busy, few enough to leave the SMs to the forward pass beside them.
 HOST_PROGRAMS_PER_SM = 1
 # Stores: a whole 16k-token prefill chunk of an 8B model (2 GiB); loads: 4 chunks.
 DEFAULT_STAGING_BYTES = (2 << 30) + LOAD_RING_CHUNKS * CHUNK_BYTES
@@ -57,21 +58,30 @@ def slot_runs(slots: Sequence[int]) -> Iterator[tuple[int, int, int]]:
             start = i
 
 
+def _positive_int_env(name: str, default: str) -> int | None:
+    """The whole number in environment variable `name` (None if unset), or ConfigError."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ConfigError(f"{name}={value!r}: expected a positive whole number (default {default})")
+    return number
+
+
 def staging_bytes_from_env() -> int:
     """GPU bytes the staging ring may use (`VLLM_MARCONI_OFFLOAD_STAGING_MIB`)."""
-    value = os.environ.get(STAGING_ENV, "").strip()
-    if not value:
-        return DEFAULT_STAGING_BYTES
-    try:
-        mib = int(value)
-    except ValueError:
-        mib = 0
-    if mib < 1:
-        raise ConfigError(
-            f"{STAGING_ENV}={value!r}: expected a positive whole number of MiB "
-            f"(default {DEFAULT_STAGING_BYTES >> 20})"
-        )
-    return mib << 20
+    mib = _positive_int_env(STAGING_ENV, f"{DEFAULT_STAGING_BYTES >> 20} MiB")
+    return DEFAULT_STAGING_BYTES if mib is None else mib << 20
+
+
+def pcie_programs_from_env() -> int | None:
+    """Programs each kernel crossing PCIe launches (`VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS`;
+    None: one per SM)."""
+    return _positive_int_env(PROGRAMS_ENV, "one per SM")
 
 
 @dataclass
@@ -114,10 +124,14 @@ class CudaBlockMover:
         *,
         kernel: bool = True,
         direct: bool = False,
+        kernel_loads: bool = False,
+        pcie_programs: int | None = None,
     ) -> None:
         """`kernel`: gather and scatter with one Triton launch where the layout allows
         (else one torch copy per layer); `direct`: no staging, the kernel reaches the L1
-        rows itself (needs the kernel for every group, else ConfigError)."""
+        rows itself (needs the kernel for every group, else ConfigError); `kernel_loads`:
+        stores staged, every load read from the L1 rows by the kernel (no copy engine);
+        `pcie_programs`: programs per kernel crossing PCIe (None: one per SM)."""
         self._layers = layers
         self._device = device
         # Stores: gather (blocks -> staging) then copy (staging -> L1 rows).
@@ -139,8 +153,11 @@ class CudaBlockMover:
                     "use VLLM_MARCONI_OFFLOAD_COPY=async"
                 )
         self._direct = direct
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        self._host_programs = HOST_PROGRAMS_PER_SM * sms
+        self._kernel_loads = kernel_loads
+        if pcie_programs is None:
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            pcie_programs = HOST_PROGRAMS_PER_SM * sms
+        self._pcie_programs = pcie_programs
         share = staging_bytes // max(1, len(layers))  # the groups split the staging budget
         for group_id, group in layers.items():
             width = sum(layer.nbytes for layer in group)
@@ -217,7 +234,7 @@ class CudaBlockMover:
                         chunk_ids,
                         positions[:count],
                         to_rows=True,
-                        programs=self._host_programs,
+                        programs=self._pcie_programs,
                     )
                 else:
                     _rows_copy(staged, pool, chunk_slots, to_pool=True)
@@ -262,7 +279,8 @@ class CudaBlockMover:
         self._record_reached(events, ends, 0)
         for begin in range(0, len(blocks), ring.chunk_blocks):
             count = min(ring.chunk_blocks, len(blocks) - begin)
-            if plan is not None and _by_kernel(slots[begin : begin + count], plan, pool):
+            chunk_slots = slots[begin : begin + count]
+            if plan is not None and (self._kernel_loads or _by_kernel(chunk_slots, plan, pool)):
                 with torch.cuda.stream(self._scatter):  # rows straight into the KV blocks
                     chunk_ids = slot_ids[begin : begin + count]
                     plan.copy(
@@ -270,7 +288,7 @@ class CudaBlockMover:
                         chunk_ids,
                         indices[begin : begin + count],
                         to_rows=False,
-                        programs=self._host_programs,
+                        programs=self._pcie_programs,
                     )
                 self._record_reached(events, ends, begin + count)
                 continue
@@ -279,7 +297,7 @@ class CudaBlockMover:
             with torch.cuda.stream(self._fetch):
                 if buffer.free is not None:
                     self._fetch.wait_event(buffer.free)
-                _rows_copy(staged, pool, slots[begin : begin + count], to_pool=False)
+                _rows_copy(staged, pool, chunk_slots, to_pool=False)
                 copied = torch.cuda.Event()
                 copied.record(self._fetch)
             with torch.cuda.stream(self._scatter):
@@ -324,7 +342,7 @@ class CudaBlockMover:
             block_ids = _index(blocks, self._device)
             row_ids = _index(slots, self._device)
             self._plans[group_id].copy(
-                pool, row_ids, block_ids, to_rows=to_rows, programs=self._host_programs
+                pool, row_ids, block_ids, to_rows=to_rows, programs=self._pcie_programs
             )
         if to_rows:
             # Later kernels may overwrite the blocks only once they have been read.
