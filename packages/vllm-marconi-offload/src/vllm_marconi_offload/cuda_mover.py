@@ -25,6 +25,7 @@ asynchronously, and only then can the GPU address the rows.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -47,6 +48,9 @@ HOST_PROGRAMS_PER_SM = 1
 DEFAULT_STAGING_BYTES = (2 << 30) + LOAD_RING_CHUNKS * CHUNK_BYTES
 # A chunk whose slots form more runs than this moves by kernel, not one DMA per run.
 MAX_DMA_RUNS = 4
+# Block and slot ids the page-locked upload ring holds (8 MiB): a few waves of 32k-token
+# loads, so the host waits for a region's copy only in pathological bursts.
+INDEX_RING_IDS = 1 << 20
 
 
 def slot_runs(slots: Sequence[int]) -> Iterator[tuple[int, int, int]]:
@@ -140,6 +144,7 @@ class CudaBlockMover:
         # Loads: fetch (L1 rows -> staging) then scatter (staging -> blocks).
         self._fetch = torch.cuda.Stream(device=device)
         self._scatter = torch.cuda.Stream(device=device)
+        self._index = _IndexUploader(device)
         self._rings: dict[int, _Ring] = {}
         self._load_rings: dict[int, _Ring] = {}
         self._plans: dict[int, GroupCopyPlan] = {}
@@ -203,8 +208,8 @@ class CudaBlockMover:
         layers = self._layers[group_id]
         plan = self._plans.get(group_id)
         with torch.cuda.stream(self._gather):
-            indices = _index(blocks, self._device)
-            slot_ids = _index(slots, self._device)
+            indices = self._index(blocks)
+            slot_ids = self._index(slots)
         positions = ring.positions
         # Read on the copy stream too: keep the allocator from reusing it before it has.
         slot_ids.record_stream(self._copy)
@@ -271,9 +276,9 @@ class CudaBlockMover:
         layers = self._layers[group_id]
         plan = self._plans.get(group_id)
         with torch.cuda.stream(self._scatter):
-            indices = _index(blocks, self._device)
+            indices = self._index(blocks)
             if plan is not None:
-                slot_ids = _index(slots, self._device)
+                slot_ids = self._index(slots)
         positions = ring.positions
         events: list[torch.cuda.Event] = []
         self._record_reached(events, ends, 0)
@@ -339,8 +344,8 @@ class CudaBlockMover:
         stream = self._copy if to_rows else self._fetch
         stream.wait_stream(caller)
         with torch.cuda.stream(stream):
-            block_ids = _index(blocks, self._device)
-            row_ids = _index(slots, self._device)
+            block_ids = self._index(blocks)
+            row_ids = self._index(slots)
             self._plans[group_id].copy(
                 pool, row_ids, block_ids, to_rows=to_rows, programs=self._pcie_programs
             )
@@ -374,14 +379,46 @@ def _by_kernel(
     return False
 
 
-def _index(blocks: Sequence[int], device: torch.device) -> torch.Tensor:
-    """Block ids on the GPU, copied on the current stream without blocking the host.
+class _IndexUploader:
+    """Copies block and slot ids to the GPU through one page-locked ring, on the current
+    stream, without blocking the host.
 
-    The ids go through pinned memory: a copy from pageable memory would first wait for
-    the whole stream (e.g. the forward pass a store waits for) to drain.
+    Page-locked, because a copy from pageable memory first waits for the whole stream (e.g.
+    the forward pass a store waits for) to drain; one ring allocated up front, because
+    torch's pinned-memory cache hands a freed block out again only once every older
+    pending copy is done, so while a wave's load is crossing the link each call would
+    page-lock fresh memory. A region is rewritten only once its copy has completed.
     """
-    ids = torch.tensor(list(blocks), dtype=torch.long).pin_memory()
-    return ids.to(device, non_blocking=True)
+
+    def __init__(self, device: torch.device, capacity: int = INDEX_RING_IDS) -> None:
+        self._device = device
+        self._ring = torch.empty(capacity, dtype=torch.long, pin_memory=True)
+        self._values = self._ring.numpy()
+        self._next = 0
+        self._pending: deque[tuple[int, int, torch.cuda.Event]] = deque()  # [start, end)
+
+    def __call__(self, ids: Sequence[int]) -> torch.Tensor:
+        count = len(ids)
+        if count > len(self._values):  # larger than the whole ring: a one-off buffer
+            return (
+                torch.tensor(list(ids), dtype=torch.long)
+                .pin_memory()
+                .to(self._device, non_blocking=True)
+            )
+        start = self._next if self._next + count <= len(self._values) else 0
+        end = start + count
+        while self._pending and self._pending[0][2].query():
+            self._pending.popleft()
+        for first, stop, copied in self._pending:
+            if first < end and start < stop:
+                copied.synchronize()  # only once the ring has gone round
+        self._values[start:end] = ids
+        gpu = self._ring[start:end].to(self._device, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        self._pending.append((start, end, copied))
+        self._next = end
+        return gpu
 
 
 def _rows_copy(
