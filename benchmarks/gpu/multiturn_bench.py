@@ -31,27 +31,8 @@ L2_VARIANT_L1_BYTES = 16 << 30
 L2_VARIANT_L2_BYTES = 40 << 30
 L2_DIR = "/tmp/kvl2-multiturn"
 
-
-def pin_per_call_from_env() -> None:
-    """`GPU_BENCH_PIN_PER_CALL=1`: the connector uploads block and slot ids through a
-    freshly page-locked tensor per call (its path before the upload ring), to compare."""
-    if os.environ.get("GPU_BENCH_PIN_PER_CALL") != "1":
-        return
-    repo_path.add_sources()
-    import torch
-    from vllm_marconi_offload import cuda_mover
-
-    def upload(self: Any, ids: Any) -> torch.Tensor:
-        pinned = torch.tensor(list(ids), dtype=torch.long).pin_memory()
-        return pinned.to(self._device, non_blocking=True)
-
-    cuda_mover._IndexUploader.__call__ = upload  # type: ignore[method-assign]
-
-
-# At import, so engine processes that re-import this module (spawn) record their steps and
-# take the same data path too.
+# At import, so engine processes that re-import this module (spawn) record their steps too.
 step_timeline.install_from_env()
-pin_per_call_from_env()
 
 
 def main() -> None:
@@ -81,11 +62,7 @@ def main() -> None:
         "startup_s": round(time.time() - start, 1),
         "eager": model_8b.EAGER,
         "l1_overflow": model_8b.L1_OVERFLOW,
-        "data_path_env": {
-            k: v
-            for k, v in os.environ.items()
-            if k.startswith("VLLM_MARCONI_") or k == "GPU_BENCH_PIN_PER_CALL"
-        },
+        "data_path_env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_MARCONI_")},
     }
     rng = random.Random(0)
     history = [[rng.randrange(3, model_8b.VOCAB) for _ in range(context)] for _ in range(sessions)]

@@ -239,7 +239,7 @@ class Bench:
         result: dict[str, Any] = {}
         kernel_runs = cuda_mover.MAX_DMA_RUNS
         for name, (programs, kernel) in ways.items():
-            self._mover._pcie_programs = programs  # the benchmark's own knob
+            self._mover._host_programs = programs  # the benchmark's own knob
             cuda_mover.MAX_DMA_RUNS = kernel_runs if kernel else len(slots)
             self.beside_load(self.job(gpu_blocks, slots), matmuls)  # compile, warm up
             row: dict[str, float] = {}
@@ -255,7 +255,7 @@ class Bench:
                 )
             result[name] = row
         cuda_mover.MAX_DMA_RUNS = kernel_runs
-        self._mover._pcie_programs = sms
+        self._mover._host_programs = sms
         return result
 
     def check(self, src: list[int], dst: list[int]) -> bool:

@@ -212,11 +212,7 @@ def test_a_newly_registered_policy_needs_no_plugin_edit() -> None:
 
 @pytest.mark.vllm  # the worker's modules import torch
 def test_gpu_data_path_environment_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vllm_marconi_offload.cuda_mover import (
-        DEFAULT_STAGING_BYTES,
-        pcie_programs_from_env,
-        staging_bytes_from_env,
-    )
+    from vllm_marconi_offload.cuda_mover import DEFAULT_STAGING_BYTES, staging_bytes_from_env
     from vllm_marconi_offload.worker import copy_mode_from_env
 
     monkeypatch.delenv("VLLM_MARCONI_OFFLOAD_STAGING_MIB", raising=False)
@@ -227,22 +223,13 @@ def test_gpu_data_path_environment_is_validated(monkeypatch: pytest.MonkeyPatch)
         monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_STAGING_MIB", bad)
         with pytest.raises(ConfigError, match=r"VLLM_MARCONI_OFFLOAD_STAGING_MIB.*positive"):
             staging_bytes_from_env()
-    monkeypatch.delenv("VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS", raising=False)
-    assert pcie_programs_from_env() is None  # one per SM
-    monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS", "16")
-    assert pcie_programs_from_env() == 16
-    for bad in ("all", "0"):
-        monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS", bad)
-        with pytest.raises(ConfigError, match=r"VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS.*positive"):
-            pcie_programs_from_env()
     monkeypatch.delenv("VLLM_MARCONI_OFFLOAD_COPY", raising=False)
     assert copy_mode_from_env() == "async"
-    for mode in ("generic", "kernel-loads", "direct", "async-per-layer"):
+    for mode in ("generic", "direct", "async-per-layer"):
         monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_COPY", mode)
         assert copy_mode_from_env() == mode
     monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_COPY", "fast")
     with pytest.raises(
-        ConfigError,
-        match="accepted values are async, kernel-loads, direct, async-per-layer, generic",
+        ConfigError, match="accepted values are async, direct, async-per-layer, generic"
     ):
         copy_mode_from_env()

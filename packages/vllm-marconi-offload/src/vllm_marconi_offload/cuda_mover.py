@@ -25,7 +25,6 @@ asynchronously, and only then can the GPU address the rows.
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -36,21 +35,17 @@ from .config import ConfigError
 from .triton_copy import GroupCopyPlan
 
 STAGING_ENV = "VLLM_MARCONI_OFFLOAD_STAGING_MIB"
-PROGRAMS_ENV = "VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS"
 CHUNK_BYTES = 128 << 20
 # Loads reuse a buffer once its GPU-local scatter is done, so a few keep the link busy;
 # stores reuse one only once it has crossed the link, so they get the rest.
 LOAD_RING_CHUNKS = 4
-# Kernels that read or write L1 rows over PCIe launch this many programs per SM by default:
-# enough to keep the link busy, few enough to leave the SMs to the forward pass beside them.
+# Kernels that read or write L1 rows over PCIe launch this many programs per SM: enough to
+# keep the link busy, few enough to leave the SMs to the forward pass beside them.
 HOST_PROGRAMS_PER_SM = 1
 # Stores: a whole 16k-token prefill chunk of an 8B model (2 GiB); loads: 4 chunks.
 DEFAULT_STAGING_BYTES = (2 << 30) + LOAD_RING_CHUNKS * CHUNK_BYTES
 # A chunk whose slots form more runs than this moves by kernel, not one DMA per run.
 MAX_DMA_RUNS = 4
-# Block and slot ids the page-locked upload ring holds (8 MiB): a few waves of 32k-token
-# loads, so the host waits for a region's copy only in pathological bursts.
-INDEX_RING_IDS = 1 << 20
 
 
 def slot_runs(slots: Sequence[int]) -> Iterator[tuple[int, int, int]]:
@@ -62,30 +57,21 @@ def slot_runs(slots: Sequence[int]) -> Iterator[tuple[int, int, int]]:
             start = i
 
 
-def _positive_int_env(name: str, default: str) -> int | None:
-    """The whole number in environment variable `name` (None if unset), or ConfigError."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise ConfigError(f"{name}={value!r}: expected a positive whole number (default {default})")
-    return number
-
-
 def staging_bytes_from_env() -> int:
     """GPU bytes the staging ring may use (`VLLM_MARCONI_OFFLOAD_STAGING_MIB`)."""
-    mib = _positive_int_env(STAGING_ENV, f"{DEFAULT_STAGING_BYTES >> 20} MiB")
-    return DEFAULT_STAGING_BYTES if mib is None else mib << 20
-
-
-def pcie_programs_from_env() -> int | None:
-    """Programs each kernel crossing PCIe launches (`VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS`;
-    None: one per SM)."""
-    return _positive_int_env(PROGRAMS_ENV, "one per SM")
+    value = os.environ.get(STAGING_ENV, "").strip()
+    if not value:
+        return DEFAULT_STAGING_BYTES
+    try:
+        mib = int(value)
+    except ValueError:
+        mib = 0
+    if mib < 1:
+        raise ConfigError(
+            f"{STAGING_ENV}={value!r}: expected a positive whole number of MiB "
+            f"(default {DEFAULT_STAGING_BYTES >> 20})"
+        )
+    return mib << 20
 
 
 @dataclass
@@ -128,14 +114,10 @@ class CudaBlockMover:
         *,
         kernel: bool = True,
         direct: bool = False,
-        kernel_loads: bool = False,
-        pcie_programs: int | None = None,
     ) -> None:
         """`kernel`: gather and scatter with one Triton launch where the layout allows
         (else one torch copy per layer); `direct`: no staging, the kernel reaches the L1
-        rows itself (needs the kernel for every group, else ConfigError); `kernel_loads`:
-        stores staged, every load read from the L1 rows by the kernel (no copy engine);
-        `pcie_programs`: programs per kernel crossing PCIe (None: one per SM)."""
+        rows itself (needs the kernel for every group, else ConfigError)."""
         self._layers = layers
         self._device = device
         # Stores: gather (blocks -> staging) then copy (staging -> L1 rows).
@@ -144,7 +126,6 @@ class CudaBlockMover:
         # Loads: fetch (L1 rows -> staging) then scatter (staging -> blocks).
         self._fetch = torch.cuda.Stream(device=device)
         self._scatter = torch.cuda.Stream(device=device)
-        self._index = _IndexUploader(device)
         self._rings: dict[int, _Ring] = {}
         self._load_rings: dict[int, _Ring] = {}
         self._plans: dict[int, GroupCopyPlan] = {}
@@ -158,11 +139,8 @@ class CudaBlockMover:
                     "use VLLM_MARCONI_OFFLOAD_COPY=async"
                 )
         self._direct = direct
-        self._kernel_loads = kernel_loads
-        if pcie_programs is None:
-            sms = torch.cuda.get_device_properties(device).multi_processor_count
-            pcie_programs = HOST_PROGRAMS_PER_SM * sms
-        self._pcie_programs = pcie_programs
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        self._host_programs = HOST_PROGRAMS_PER_SM * sms
         share = staging_bytes // max(1, len(layers))  # the groups split the staging budget
         for group_id, group in layers.items():
             width = sum(layer.nbytes for layer in group)
@@ -208,8 +186,8 @@ class CudaBlockMover:
         layers = self._layers[group_id]
         plan = self._plans.get(group_id)
         with torch.cuda.stream(self._gather):
-            indices = self._index(blocks)
-            slot_ids = self._index(slots)
+            indices = _index(blocks, self._device)
+            slot_ids = _index(slots, self._device)
         positions = ring.positions
         # Read on the copy stream too: keep the allocator from reusing it before it has.
         slot_ids.record_stream(self._copy)
@@ -239,7 +217,7 @@ class CudaBlockMover:
                         chunk_ids,
                         positions[:count],
                         to_rows=True,
-                        programs=self._pcie_programs,
+                        programs=self._host_programs,
                     )
                 else:
                     _rows_copy(staged, pool, chunk_slots, to_pool=True)
@@ -276,16 +254,15 @@ class CudaBlockMover:
         layers = self._layers[group_id]
         plan = self._plans.get(group_id)
         with torch.cuda.stream(self._scatter):
-            indices = self._index(blocks)
+            indices = _index(blocks, self._device)
             if plan is not None:
-                slot_ids = self._index(slots)
+                slot_ids = _index(slots, self._device)
         positions = ring.positions
         events: list[torch.cuda.Event] = []
         self._record_reached(events, ends, 0)
         for begin in range(0, len(blocks), ring.chunk_blocks):
             count = min(ring.chunk_blocks, len(blocks) - begin)
-            chunk_slots = slots[begin : begin + count]
-            if plan is not None and (self._kernel_loads or _by_kernel(chunk_slots, plan, pool)):
+            if plan is not None and _by_kernel(slots[begin : begin + count], plan, pool):
                 with torch.cuda.stream(self._scatter):  # rows straight into the KV blocks
                     chunk_ids = slot_ids[begin : begin + count]
                     plan.copy(
@@ -293,7 +270,7 @@ class CudaBlockMover:
                         chunk_ids,
                         indices[begin : begin + count],
                         to_rows=False,
-                        programs=self._pcie_programs,
+                        programs=self._host_programs,
                     )
                 self._record_reached(events, ends, begin + count)
                 continue
@@ -302,7 +279,7 @@ class CudaBlockMover:
             with torch.cuda.stream(self._fetch):
                 if buffer.free is not None:
                     self._fetch.wait_event(buffer.free)
-                _rows_copy(staged, pool, chunk_slots, to_pool=False)
+                _rows_copy(staged, pool, slots[begin : begin + count], to_pool=False)
                 copied = torch.cuda.Event()
                 copied.record(self._fetch)
             with torch.cuda.stream(self._scatter):
@@ -344,10 +321,10 @@ class CudaBlockMover:
         stream = self._copy if to_rows else self._fetch
         stream.wait_stream(caller)
         with torch.cuda.stream(stream):
-            block_ids = self._index(blocks)
-            row_ids = self._index(slots)
+            block_ids = _index(blocks, self._device)
+            row_ids = _index(slots, self._device)
             self._plans[group_id].copy(
-                pool, row_ids, block_ids, to_rows=to_rows, programs=self._pcie_programs
+                pool, row_ids, block_ids, to_rows=to_rows, programs=self._host_programs
             )
         if to_rows:
             # Later kernels may overwrite the blocks only once they have been read.
@@ -379,46 +356,14 @@ def _by_kernel(
     return False
 
 
-class _IndexUploader:
-    """Copies block and slot ids to the GPU through one page-locked ring, on the current
-    stream, without blocking the host.
+def _index(blocks: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Block ids on the GPU, copied on the current stream without blocking the host.
 
-    Page-locked, because a copy from pageable memory first waits for the whole stream (e.g.
-    the forward pass a store waits for) to drain; one ring allocated up front, because
-    torch's pinned-memory cache hands a freed block out again only once every older
-    pending copy is done, so while a wave's load is crossing the link each call would
-    page-lock fresh memory. A region is rewritten only once its copy has completed.
+    The ids go through pinned memory: a copy from pageable memory would first wait for
+    the whole stream (e.g. the forward pass a store waits for) to drain.
     """
-
-    def __init__(self, device: torch.device, capacity: int = INDEX_RING_IDS) -> None:
-        self._device = device
-        self._ring = torch.empty(capacity, dtype=torch.long, pin_memory=True)
-        self._values = self._ring.numpy()
-        self._next = 0
-        self._pending: deque[tuple[int, int, torch.cuda.Event]] = deque()  # [start, end)
-
-    def __call__(self, ids: Sequence[int]) -> torch.Tensor:
-        count = len(ids)
-        if count > len(self._values):  # larger than the whole ring: a one-off buffer
-            return (
-                torch.tensor(list(ids), dtype=torch.long)
-                .pin_memory()
-                .to(self._device, non_blocking=True)
-            )
-        start = self._next if self._next + count <= len(self._values) else 0
-        end = start + count
-        while self._pending and self._pending[0][2].query():
-            self._pending.popleft()
-        for first, stop, copied in self._pending:
-            if first < end and start < stop:
-                copied.synchronize()  # only once the ring has gone round
-        self._values[start:end] = ids
-        gpu = self._ring[start:end].to(self._device, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record()
-        self._pending.append((start, end, copied))
-        self._next = end
-        return gpu
+    ids = torch.tensor(list(blocks), dtype=torch.long).pin_memory()
+    return ids.to(device, non_blocking=True)
 
 
 def _rows_copy(

@@ -28,7 +28,7 @@ from kvpool_mmap import StoreConfig, open_l1_rank
 
 from .block_copy import BlockCopier, physical_layout
 from .config import ConfigError, user_keys
-from .cuda_mover import CudaBlockMover, pcie_programs_from_env, staging_bytes_from_env
+from .cuda_mover import CudaBlockMover, staging_bytes_from_env
 from .layout import SlotLayout
 from .log import logger
 from .metadata import OffloadMetadata, TransferJob, WorkerReport
@@ -40,15 +40,13 @@ from .pool import (
 )
 
 COPY_ENV = "VLLM_MARCONI_OFFLOAD_COPY"
-COPY_MODES = ("async", "kernel-loads", "direct", "async-per-layer", "generic")
+COPY_MODES = ("async", "direct", "async-per-layer", "generic")
 _K = TypeVar("_K")
 
 
 def copy_mode_from_env() -> str:
     """`VLLM_MARCONI_OFFLOAD_COPY`: `async` (default: staged DMA on CUDA side streams, one
-    Triton launch per chunk to gather or scatter the layers), `kernel-loads` (stores as
-    `async`; loads read the L1 rows by kernel, leaving the copy engines to vLLM's inputs),
-    `direct` (the GPU reads and
+    Triton launch per chunk to gather or scatter the layers), `direct` (the GPU reads and
     writes the L1 rows itself, one launch per step), `async-per-layer` (staged DMA with one
     torch copy per layer, the path before the kernel) or `generic` (synchronous torch
     copies)."""
@@ -103,8 +101,6 @@ class OffloadWorker:
                 staging_bytes_from_env(),
                 kernel=mode != "async-per-layer",
                 direct=mode == "direct",
-                kernel_loads=mode == "kernel-loads",
-                pcie_programs=pcie_programs_from_env(),
             )
         logger.info(
             "vllm-marconi-offload worker rank %d: L1 %s, %d slots of %d bytes, %s copies",
@@ -240,8 +236,6 @@ def _describe(mover: CudaBlockMover | None, mode: str) -> str:
         return "synchronous"
     if mode == "direct":
         return "direct CUDA (Triton)"
-    if mode == "kernel-loads":
-        return "async CUDA stores, loads by kernel (Triton)"
     return "async CUDA" + (" (Triton gather/scatter)" if mover.uses_kernel else "")
 
 
