@@ -29,8 +29,9 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TextIO
+
+from stack_sampler import describe
 
 _ENV = "STEP_TIMELINE"
 _SAMPLE_S = 0.002
@@ -124,12 +125,7 @@ def _sample_stacks() -> None:
         for ident, frame in sys._current_frames().items():
             if ident == me:
                 continue
-            calls = []
-            f: Any = frame
-            while f is not None and len(calls) < _FRAMES:
-                calls.append(f"{Path(f.f_code.co_filename).name}:{f.f_code.co_name}:{f.f_lineno}")
-                f = f.f_back
-            stack = " < ".join(calls)
+            stack = describe(frame, _FRAMES)
             if last.get(ident) != stack:
                 last[ident] = stack
                 _write(k="f", th=names.get(ident, str(ident)), stack=stack)
