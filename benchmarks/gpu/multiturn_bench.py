@@ -62,6 +62,7 @@ def main() -> None:
         "startup_s": round(time.time() - start, 1),
         "eager": model_8b.EAGER,
         "l1_overflow": model_8b.L1_OVERFLOW,
+        "data_path_env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_MARCONI_")},
     }
     rng = random.Random(0)
     history = [[rng.randrange(3, model_8b.VOCAB) for _ in range(context)] for _ in range(sessions)]

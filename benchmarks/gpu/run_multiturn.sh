@@ -4,7 +4,8 @@
 # PYSPY=/path/to/py-spy also records the engine core's stacks for the whole run
 # ($OUT/py-spy-MODE.txt.gz, raw collapsed stacks; summarize with summarize_profile.py).
 # STEPS=1 records every scheduler step ($OUT/steps-MODE.jsonl.gz) and prints its report per round
-# (step_timeline.py).
+# (step_timeline.py), then every warm-round step slower than STALL_MS (default 100) with the
+# stacks its threads spent it in (in $OUT/steps-MODE.txt; the first STALL_PRINT_BYTES printed).
 cd "$(dirname "$0")"
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 out=${OUT:-/tmp}
@@ -33,6 +34,9 @@ for mode in ${1:-ours plain}; do
   grep -E "^\{|RESULT|Error|error|Traceback" "$log" | cut -c1-600
   if [ -s "$steps" ] && [ -s "$out/multiturn-$mode.json" ]; then
     python3 step_timeline.py "$steps" "$out/multiturn-$mode.json" | tee "$out/steps-$mode.txt"
+    python3 step_timeline.py --stalls "${STALL_MS:-100}" "$steps" "$out/multiturn-$mode.json" \
+      >> "$out/steps-$mode.txt"
+    head -c "${STALL_PRINT_BYTES:-3000}" <(grep -A4 "^round" "$out/steps-$mode.txt")
   fi
   [ -f "$steps" ] && gzip -f "$steps"
   gzip -f "$log"

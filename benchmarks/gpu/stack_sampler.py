@@ -11,6 +11,18 @@ import sys
 import threading
 from collections import Counter
 from pathlib import Path
+from typing import Any
+
+
+def describe(frame: Any, depth: int) -> str:
+    """The innermost `depth` calls of `frame`'s stack as `file:function:line`, joined by " < "."""
+    calls = []
+    while frame is not None and len(calls) < depth:
+        calls.append(
+            f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}:{frame.f_lineno}"
+        )
+        frame = frame.f_back
+    return " < ".join(calls)
 
 
 class StackSampler:
@@ -32,14 +44,8 @@ class StackSampler:
             for ident, frame in sys._current_frames().items():
                 if ident == self._thread.ident:
                     continue
-                calls = []
-                f = frame
-                while f is not None and len(calls) < self._depth:
-                    calls.append(
-                        f"{Path(f.f_code.co_filename).name}:{f.f_code.co_name}:{f.f_lineno}"
-                    )
-                    f = f.f_back
-                self._counts[f"{names.get(ident, ident)} | " + " < ".join(calls)] += 1
+                stack = describe(frame, self._depth)
+                self._counts[f"{names.get(ident, ident)} | {stack}"] += 1
             self._samples += 1
 
     def stop(self, top: int = 60) -> None:

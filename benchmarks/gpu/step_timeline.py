@@ -8,9 +8,16 @@ when its output comes back (loads and stores the connector reported finished). T
 is `time.monotonic`, shared by every process of the host, so the benchmark's round
 boundaries line up with the steps.
 
+Each process that schedules also samples every thread's Python stack every 2 ms and
+appends `{"k": "f", ...}` (thread, innermost frames first) whenever a thread's stack
+changes, so a slow step shows what its threads were doing.
+
 `python step_timeline.py TIMELINE ROUNDS_JSON` reports, per round: the steps, and the wall
 time of the steps that computed nothing (waiting for loads), that carried prefill tokens,
-and that only decoded; the mean decode batch; when the loads reported done.
+and that only decoded; the mean decode batch; when the loads reported done. With
+`--stalls MS` it lists instead each warm-round step slower than MS milliseconds and, per
+thread of every sampled process (engine core, model workers), the stacks it spent that
+step in, leaving out threads that only waited for work.
 """
 
 from __future__ import annotations
@@ -18,12 +25,21 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from stack_sampler import describe
+
 _ENV = "STEP_TIMELINE"
+_SAMPLE_S = 0.002
+_FRAMES = 10
 _sink: TextIO | None = None
+_sampled_pid = -1
+# Innermost frames of threads that are only waiting for work.
+_IDLE_FRAMES = ("threading.py:", "queue.py:", "selectors.py:", "poll.py:", "connection.py:wait")
 
 
 def install_from_env() -> None:
@@ -45,6 +61,7 @@ def install(path: str) -> None:
     update: Callable[..., Any] = Scheduler.update_from_output
 
     def timed_schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _ensure_sampler()
         out = schedule(self, *args, **kwargs)
         _write(
             k="s",
@@ -67,11 +84,51 @@ def install(path: str) -> None:
 
     Scheduler.schedule = timed_schedule  # type: ignore[method-assign]
     Scheduler.update_from_output = timed_update  # type: ignore[method-assign]
+    _sample_model_runner()
+    _ensure_sampler()
+
+
+def _sample_model_runner() -> None:
+    """Sample the stacks of a worker process too (where the executor runs the model in a
+    process of its own)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    execute: Callable[..., Any] = GPUModelRunner.execute_model
+
+    def sampled_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _ensure_sampler()
+        return execute(self, *args, **kwargs)
+
+    GPUModelRunner.execute_model = sampled_execute  # type: ignore[method-assign]
+
+
+def _ensure_sampler() -> None:
+    """One stack sampler per process (threads do not survive a fork)."""
+    global _sampled_pid
+    if _sampled_pid != os.getpid():
+        _sampled_pid = os.getpid()
+        threading.Thread(target=_sample_stacks, name="step-timeline", daemon=True).start()
 
 
 def _write(**fields: Any) -> None:
     assert _sink is not None
     _sink.write(json.dumps({"t": round(time.monotonic(), 6), "pid": os.getpid(), **fields}) + "\n")
+
+
+def _sample_stacks() -> None:
+    """Write a thread's stack whenever it differs from its previous sample."""
+    me = threading.get_ident()
+    last: dict[int, str] = {}
+    while True:
+        time.sleep(_SAMPLE_S)
+        names = {t.ident: t.name for t in threading.enumerate()}
+        for ident, frame in sys._current_frames().items():
+            if ident == me:
+                continue
+            stack = describe(frame, _FRAMES)
+            if last.get(ident) != stack:
+                last[ident] = stack
+                _write(k="f", th=names.get(ident, str(ident)), stack=stack)
 
 
 def report(timeline: str, rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -120,10 +177,56 @@ def report(timeline: str, rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
+def stalls(timeline: str, rounds: list[dict[str, Any]], min_ms: float) -> list[str]:
+    """Each step of rounds 1+ slower than `min_ms`, with the stacks each thread of the
+    scheduling process spent it in (longest first, at most three a thread)."""
+    with open(timeline) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    steps = [x for x in lines if x["k"] == "s"]
+    frames = [x for x in lines if x["k"] == "f"]
+    out = []
+    for r in rounds[1:]:
+        start, end = r["start_t"], r["end_t"]
+        inside = [x for x in steps if start <= x["t"] <= end]
+        worker_pids = {x["pid"] for x in frames if start <= x["t"] <= end}
+        for step, nxt in zip(inside, [x["t"] for x in inside[1:]] + [end], strict=True):
+            span = nxt - step["t"]
+            if span * 1e3 < min_ms:
+                continue
+            out.append(
+                f"round {r['round']} +{(step['t'] - start) * 1e3:.0f} ms: {span * 1e3:.0f} ms, "
+                f"{step['tokens']} tokens, {step['reqs']} requests ({step['new']} new)"
+            )
+            spent: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+            current: dict[str, tuple[float, str]] = {}
+            for x in frames:
+                if x["pid"] not in worker_pids or x["t"] > nxt:
+                    continue
+                thread = f"{x['pid']}:{x['th']}"
+                begun, stack = current.get(thread, (x["t"], x["stack"]))
+                if x["t"] > step["t"]:
+                    spent[thread][stack] += x["t"] - max(begun, step["t"])
+                current[thread] = (x["t"], x["stack"])
+            for thread, (begun, stack) in current.items():
+                spent[thread][stack] += nxt - max(begun, step["t"])
+            for thread, stacks in spent.items():
+                for stack, seconds in sorted(stacks.items(), key=lambda kv: -kv[1])[:3]:
+                    if seconds * 1e3 >= 2 and not stack.startswith(_IDLE_FRAMES):
+                        out.append(f"    {thread} {seconds * 1e3:6.1f} ms  {stack}")
+    return out
+
+
 def main() -> None:
-    timeline, rounds_json = sys.argv[1], sys.argv[2]
+    args = sys.argv[1:]
+    min_ms = None
+    if args[0] == "--stalls":
+        min_ms, args = float(args[1]), args[2:]
+    timeline, rounds_json = args
     with open(rounds_json) as f:
         rounds = json.load(f)["rounds"]
+    if min_ms is not None:
+        print("\n".join(stalls(timeline, rounds, min_ms)))
+        return
     for row in report(timeline, rounds):
         print(json.dumps(row))
 

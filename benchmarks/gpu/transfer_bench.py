@@ -12,7 +12,8 @@ Usage: python transfer_bench.py [--blocks 1024] [--reps 5] [--modes async,direct
 6,000-token session each, as in the multi-turn benchmark) at once. Each mode also reports
 `store_during_load`: how long the caller's stream waits for a 16-block store issued while
 a load of `--blocks` blocks crosses the link; `--beside` adds `compute_beside_load`: a
-step's matmuls and input copy alone and beside a load, for four ways of crossing PCIe.
+step's matmuls and, apart, its input copy, alone and beside a load, for five ways of
+crossing PCIe.
 Tensor parallelism: `GPU_BENCH_TP=2 GPU_BENCH_RANK=R CUDA_VISIBLE_DEVICES=R` is one rank
 (4 KV heads, 1 MiB a block, its own L1 file); start one process a GPU at once to measure
 every rank's throughput and its own pinned ceiling while the other rank copies too
@@ -209,21 +210,24 @@ class Bench:
         }
 
     def compute_beside_load(self, reps: int) -> dict[str, Any]:
-        """A step's GPU work (a chain of forward-sized matmuls, then a small pinned H2D
-        copy as vLLM makes of a step's inputs) on the caller's stream, alone and issued
-        right after a load of `blocks` scattered blocks (a multi-turn wave): if it takes
-        as long as the load, the load kept the forward from running beside it. One row
-        per way of crossing PCIe: the copy kernel with one program per 8 KiB item, one
-        per SM, 16 in all, and DMA only."""
+        """A step's GPU work on the caller's stream, alone and issued right after a load of
+        `blocks` scattered blocks (a multi-turn wave), in two parts: a chain of
+        forward-sized matmuls, and a small pinned H2D copy as vLLM makes of a step's
+        inputs. A part that takes as long as the load beside it was kept from running by
+        the load: the matmuls by copy programs holding the SMs, the copy by the wave's DMA
+        ahead of it. One row per way of crossing PCIe: the copy kernel with one program per
+        8 KiB item, one per SM, 32 and 16 in all, and DMA only."""
         assert self._mover is not None
         weights = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
         acts = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16)
         inputs = torch.zeros(1 << 14, dtype=torch.int64).pin_memory()
         staged = torch.empty_like(inputs, device="cuda")
 
-        def step_work() -> None:
+        def matmuls() -> None:
             for _ in range(16):
                 torch.matmul(acts, weights)
+
+        def input_copy() -> None:
             staged.copy_(inputs, non_blocking=True)
 
         rng = random.Random(3)
@@ -231,20 +235,25 @@ class Bench:
         gpu_blocks = list(range(self.blocks))
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         ways = {"kernel_per_item": (None, True), "kernel_per_sm": (sms, True)}
-        ways |= {"kernel_16": (16, True), "dma_only": (sms, False)}
+        ways |= {"kernel_32": (32, True), "kernel_16": (16, True), "dma_only": (sms, False)}
         result: dict[str, Any] = {}
         kernel_runs = cuda_mover.MAX_DMA_RUNS
         for name, (programs, kernel) in ways.items():
             self._mover._host_programs = programs  # the benchmark's own knob
             cuda_mover.MAX_DMA_RUNS = kernel_runs if kernel else len(slots)
-            self.beside_load(self.job(gpu_blocks, slots), step_work)  # compile, warm up
-            alone = [self.beside_load(None, step_work)[0] for _ in range(reps)]
-            beside = [self.beside_load(self.job(gpu_blocks, slots), step_work) for _ in range(reps)]
-            result[name] = {
-                "work_alone_ms": round(statistics.median(alone) * 1e3, 2),
-                "work_beside_load_ms": round(statistics.median(w for w, _ in beside) * 1e3, 2),
-                "load_ms": round(statistics.median(t for _, t in beside) * 1e3, 2),
-            }
+            self.beside_load(self.job(gpu_blocks, slots), matmuls)  # compile, warm up
+            row: dict[str, float] = {}
+            for part, work in (("matmuls", matmuls), ("input_copy", input_copy)):
+                alone = [self.beside_load(None, work)[0] for _ in range(reps)]
+                beside = [self.beside_load(self.job(gpu_blocks, slots), work) for _ in range(reps)]
+                row[f"{part}_alone_ms"] = round(statistics.median(alone) * 1e3, 2)
+                row[f"{part}_beside_load_ms"] = round(
+                    statistics.median(w for w, _ in beside) * 1e3, 2
+                )
+                row[f"load_beside_{part}_ms"] = round(
+                    statistics.median(t for _, t in beside) * 1e3, 2
+                )
+            result[name] = row
         cuda_mover.MAX_DMA_RUNS = kernel_runs
         self._mover._host_programs = sms
         return result
@@ -274,7 +283,7 @@ def main() -> None:
     parser.add_argument("--wave", type=int, default=0, help="jobs per step in the wave test")
     parser.add_argument("--cpu-smoke", action="store_true", help="check the script on CPU")
     parser.add_argument(
-        "--beside", action="store_true", help="async mode: compute_beside_load, four ways"
+        "--beside", action="store_true", help="async mode: compute_beside_load, five ways"
     )
     args = parser.parse_args()
     batch = args.blocks * PAGE * LAYERS
