@@ -43,13 +43,20 @@ def baseline(tiny_llama: str, run_engine: Callable[..., EngineRun]) -> EngineRun
     return run_engine({"model": tiny_llama, "phases": [{"prompts": [PROMPT_A, PROMPT_B]}]})
 
 
+@pytest.mark.parametrize("load_mode", ["async", "same_step"])
 def test_l1_hits_after_prefix_cache_reset_give_identical_tokens(
-    tiny_llama: str, run_engine: Callable[..., EngineRun], baseline: EngineRun, tmp_path: Path
+    tiny_llama: str,
+    run_engine: Callable[..., EngineRun],
+    baseline: EngineRun,
+    tmp_path: Path,
+    load_mode: str,
 ) -> None:
+    """Both load modes serve the same tokens, and unpin what they loaded (the connector's
+    reset then drops every block)."""
     spec = {
         "model": tiny_llama,
         "kv_transfer_config": connector_config(
-            cpu_pool_path=str(tmp_path / "l1"), cpu_bytes_to_use=64 << 20
+            cpu_pool_path=str(tmp_path / "l1"), cpu_bytes_to_use=64 << 20, load_mode=load_mode
         ),
         "phases": [
             {"prompts": [PROMPT_A, PROMPT_B]},

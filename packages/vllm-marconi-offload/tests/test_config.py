@@ -16,6 +16,7 @@ def test_defaults_are_single_tier_anonymous_auto() -> None:
     assert config.eviction_options == {}
     assert config.admission_threshold == 1
     assert config.l1_overflow == "demote"
+    assert config.load_mode == "async"
 
 
 def test_marconi_when_asked_for_is_the_seeds() -> None:
@@ -78,6 +79,7 @@ def test_seed_quickstart_config_is_accepted() -> None:
         ({"cpu_pool_path": ""}, "cpu_pool_path must be an absolute directory path"),
         ({"cpu_bytes": 1}, "unknown key(s) ['cpu_bytes']"),
         ({"l1_overflow": "refuse"}, "l1_overflow must be one of ['drop_unwritten', 'demote']"),
+        ({"load_mode": "sync"}, "load_mode must be one of ['async', 'same_step'], got 'sync'"),
     ],
 )
 def test_bad_values_name_the_key(extra: dict[str, object], message: str) -> None:

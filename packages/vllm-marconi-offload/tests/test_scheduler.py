@@ -86,6 +86,7 @@ class Engine:
         world_size: int = 1,
         l2: bool = False,
         cost: LoadCostModel | None = None,
+        same_step_loads: bool = False,
     ) -> None:
         self.kv_cache_config = kv_cache_config(*specs)
         self.layout = SlotLayout.from_kv_cache_config(self.kv_cache_config)
@@ -106,6 +107,7 @@ class Engine:
             world_size,
             self.kv_cache_config,
             cost or LoadCostModel(l2_read_bytes_per_s=1e9, prefill_tokens_per_s=0.0),
+            same_step_loads=same_step_loads,
         )
 
     def lookup(self, req: SimpleNamespace, computed: int = 0) -> tuple[int | None, bool]:
@@ -283,3 +285,28 @@ def test_a_finished_request_releases_its_pinned_lookup(start: Callable[..., Engi
     assert engine.scheduler.reset() == 0
     engine.scheduler.request_finished("b")  # aborted before allocation
     assert engine.scheduler.reset() == 2
+
+
+def test_a_same_step_hit_is_scheduled_at_once_and_unpinned_once_every_worker_loaded_it(
+    start: Callable[..., Engine],
+) -> None:
+    engine = start(world_size=2, same_step_loads=True)
+    engine.report(engine.prefill(request("a", ["x", "y", "z"]), [[1, 2, 3, 4]]))
+    engine.scheduler.request_finished("a")
+
+    hit = request("b", ["x", "y", "z"])
+    assert engine.lookup(hit) == (3 * BLOCK, False)  # vLLM schedules it in this step
+    engine.scheduler.allocated(hit, ([7, 8, 9, 10],), 3 * BLOCK)
+    plan = engine.scheduler.build_metadata(scheduler_output())
+    [load] = plan.loads
+    assert load.same_step
+    assert load.transfers[0].gpu_blocks == (7, 8, 9)
+    assert engine.scheduler.has_pending_work()
+
+    # Not reported as a finished receive (vLLM expects none for a scheduled request), but
+    # in the workers' report, like a store: one worker of two is not enough.
+    engine.scheduler.on_worker_output(None, StoreReport(done=Counter({load.job_id: 1})))
+    assert engine.scheduler.reset() == 0
+    engine.scheduler.on_worker_output(None, StoreReport(done=Counter({load.job_id: 1})))
+    assert not engine.scheduler.has_pending_work()
+    assert engine.scheduler.reset() == 3

@@ -26,6 +26,9 @@ class TransferJob:
     job_id: int
     req_id: str
     transfers: tuple[BlockTransfer, ...]
+    same_step: bool = False
+    """A load the forward of the same step waits for (vLLM's synchronous path): reported
+    done in `StoreReport.done`, like a store, not as a finished receive."""
 
 
 @dataclass
@@ -40,8 +43,9 @@ class StepPlan:
 
 @dataclass
 class StoreReport:
-    """What the workers report after a step: the store jobs they finished (counted over
-    all workers of the engine) and the last step they ran (-1: none yet)."""
+    """What the workers report after a step: the store jobs and same-step load jobs they
+    finished (counted over all workers of the engine) and the last step they ran (-1: none
+    yet)."""
 
     done: Counter[int] = field(default_factory=Counter)
     step: int = -1

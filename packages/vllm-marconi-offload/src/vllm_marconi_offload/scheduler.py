@@ -75,6 +75,13 @@ class _PendingStore:
     remaining_workers: int
 
 
+@dataclass
+class _PendingLoad:
+    req_id: str
+    lookup: _Lookup
+    remaining_workers: int
+
+
 class OffloadScheduler:
     """Decides what to load and store; owns the `TieredStore` index."""
 
@@ -86,8 +93,13 @@ class OffloadScheduler:
         world_size: int,
         kv_cache_config: KVCacheConfig,
         cost: LoadCostModel,
+        *,
+        same_step_loads: bool = False,
     ) -> None:
+        """`same_step_loads`: hits are scheduled in the step that loads them (vLLM's
+        synchronous path; the workers make that step's forward wait for the load)."""
         self._store = store
+        self._same_step = same_step_loads
         self._cost = cost
         # Bytes read from L2 to promote one group's block: its slot on every rank.
         self._slot_bytes = layout.stride * world_size
@@ -108,6 +120,7 @@ class OffloadScheduler:
         self._requests: dict[str, _RequestState] = {}
         self._loads_to_send: list[TransferJob] = []
         self._loads_in_flight: dict[str, _Lookup] = {}
+        self._same_step_loads: dict[int, _PendingLoad] = {}
         self._stores_in_flight: dict[int, _PendingStore] = {}
         self._job_ids = itertools.count()
         self._step_ids = itertools.count()
@@ -138,7 +151,7 @@ class OffloadScheduler:
         )
         if external <= 0:
             return 0, False
-        return external, True
+        return external, not self._same_step
 
     def _max_hit_blocks(self, request: Request) -> int:
         """Blocks a hit may cover: hashed ones, leaving at least one token to compute (vLLM
@@ -242,9 +255,16 @@ class OffloadScheduler:
             )
         for group, ticket in lookup.states.items():
             transfers.append(_transfer(group, block_ids[group][end - 1 : end], ticket.l1_slots))
-        job = TransferJob(next(self._job_ids), request.request_id, tuple(transfers))
+        job = TransferJob(
+            next(self._job_ids), request.request_id, tuple(transfers), same_step=self._same_step
+        )
         self._loads_to_send.append(job)
-        self._loads_in_flight[request.request_id] = lookup
+        if self._same_step:
+            self._same_step_loads[job.job_id] = _PendingLoad(
+                request.request_id, lookup, self._world_size
+            )
+        else:
+            self._loads_in_flight[request.request_id] = lookup
         self.timer.start("load", request.request_id)
         state.lookup = None
         state.stored_blocks = max(state.stored_blocks, end)
@@ -335,15 +355,18 @@ class OffloadScheduler:
         """A step's output is back: time the step the workers ran, unpin finished loads,
         commit the stores every worker has finished."""
         for req_id in finished_recving or ():
-            lookup = self._loads_in_flight.pop(req_id, None)
-            self.timer.finish("load", req_id)
-            if lookup is not None:
-                for ticket in lookup.tickets():
-                    self._store.end_load(ticket)
+            self._load_done(req_id, self._loads_in_flight.pop(req_id, None))
         if report is None:
             return
         self._cost.on_step_done(report.step)
         for job_id, count in report.done.items():
+            load = self._same_step_loads.get(job_id)
+            if load is not None:
+                load.remaining_workers -= count
+                if load.remaining_workers <= 0:
+                    del self._same_step_loads[job_id]
+                    self._load_done(load.req_id, load.lookup)
+                continue
             pending = self._stores_in_flight.get(job_id)
             if pending is None:
                 continue
@@ -354,6 +377,13 @@ class OffloadScheduler:
                 for store_ticket in pending.tickets:
                     self._store.commit_store(store_ticket)
 
+    def _load_done(self, req_id: str, lookup: _Lookup | None) -> None:
+        """Every worker has finished `req_id`'s load: unpin its L1 slots."""
+        self.timer.finish("load", req_id)
+        if lookup is not None:
+            for ticket in lookup.tickets():
+                self._store.end_load(ticket)
+
     def request_finished(self, req_id: str) -> None:
         """Forget a finished or aborted request and unpin anything it still holds."""
         state = self._requests.pop(req_id, None)
@@ -362,7 +392,7 @@ class OffloadScheduler:
             self._release_lookup(state)
 
     def has_pending_work(self) -> bool:
-        return bool(self._loads_to_send or self._stores_in_flight)
+        return bool(self._loads_to_send or self._stores_in_flight or self._same_step_loads)
 
     def store_stats(self) -> StoreStats:
         return self._store.stats()

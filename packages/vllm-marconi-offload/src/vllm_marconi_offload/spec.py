@@ -107,6 +107,7 @@ class OffloadSpec:
             self.tensor_parallel_size,
             self.kv_cache_config,
             self.cost_model(),
+            same_step_loads=self.config.load_mode == "same_step",
         )
         self._warn_if_hashes_change()
         store_config = self.store_config

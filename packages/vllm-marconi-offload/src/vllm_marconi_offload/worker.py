@@ -1,11 +1,13 @@
 """Worker side of the connector: copies blocks between the KV cache and L1.
 
-Runs in each vLLM worker process. Loads start in `start_load_kv` (the requests they serve
-wait in WAITING_FOR_REMOTE_KVS, so no forward pass reads them before they are reported);
-stores start in `wait_for_save`, after the forward.
+Runs in each vLLM worker process. Loads start in `start_load_kv`: the requests of an
+asynchronous load wait in WAITING_FOR_REMOTE_KVS, so no forward pass reads them before
+they are reported; a same-step load's request is in this step's batch, so the step's
+forward waits for the load (on the GPU, its stream waits for the load's events). Stores
+start in `wait_for_save`, after the forward.
 
 On a CUDA KV cache with a page-locked L1 both run asynchronously (`CudaBlockMover`): a
-load is reported finished, and a store committed, only once its event has completed, so
+load is reported finished, and a store committed, only once its events have completed, so
 the scheduler never unpins or publishes an L1 slot whose copy is still in flight. Later
 kernels wait only for a store's GPU-side gather, never for its PCIe transfer. All jobs of
 a step move together: one mover call per KV-cache group, whatever the number of requests.
@@ -68,9 +70,9 @@ class OffloadWorker:
         self._l1: object | None = None
         self._pool: torch.Tensor | None = None
         self._finished_loads: set[str] = set()
-        self._finished_stores: Counter[int] = Counter()
+        self._finished_jobs: Counter[int] = Counter()  # stores and same-step loads
         self._loads_in_flight: list[tuple[str, list[torch.cuda.Event]]] = []
-        self._stores_in_flight: list[tuple[int, list[torch.cuda.Event]]] = []
+        self._jobs_in_flight: list[tuple[int, list[torch.cuda.Event]]] = []
         self._step = -1
         self._reported_step = -1
         self._unpublish: Callable[[], object] | None = None
@@ -116,9 +118,14 @@ class OffloadWorker:
         if self._mover is not None:
             issued = time.perf_counter()
             per_job = self._start_loads(meta.loads)
-            self._loads_in_flight += [
-                (job.req_id, events) for job, events in zip(meta.loads, per_job, strict=True)
-            ]
+            forward = torch.cuda.current_stream()
+            for job, events in zip(meta.loads, per_job, strict=True):
+                if job.same_step:
+                    for event in events:
+                        forward.wait_event(event)
+                    self._jobs_in_flight.append((job.job_id, events))
+                else:
+                    self._loads_in_flight.append((job.req_id, events))
             if meta.loads and logger.isEnabledFor(logging.DEBUG):
                 logger.debug(
                     "loads issued at %.3f: %d requests, %.1f ms to issue",
@@ -129,16 +136,19 @@ class OffloadWorker:
             return
         for job in meta.loads:
             self._run(job, load=True)
-            self._finished_loads.add(job.req_id)
+            if job.same_step:
+                self._finished_jobs[job.job_id] += 1
+            else:
+                self._finished_loads.add(job.req_id)
 
     def run_stores(self, meta: OffloadMetadata) -> None:
         if self._mover is not None:
             events = self._start_stores(meta.stores)
-            self._stores_in_flight += [(job.job_id, events) for job in meta.stores]
+            self._jobs_in_flight += [(job.job_id, events) for job in meta.stores]
             return
         for job in meta.stores:
             self._run(job, load=False)
-            self._finished_stores[job.job_id] += 1
+            self._finished_jobs[job.job_id] += 1
 
     def _start_loads(self, jobs: list[TransferJob]) -> list[list[torch.cuda.Event]]:
         """Issue every job's loads as one mover call per group, in job order; each job
@@ -183,17 +193,17 @@ class OffloadWorker:
         return finished or None
 
     def take_report(self) -> WorkerReport | None:
-        """Stores finished since the last report and the step just run; None if neither
-        is new."""
-        self._stores_in_flight = _collect(self._stores_in_flight, self._count_store)
-        if not self._finished_stores and self._step == self._reported_step:
+        """Stores and same-step loads finished since the last report and the step just
+        run; None if neither is new."""
+        self._jobs_in_flight = _collect(self._jobs_in_flight, self._count_job)
+        if not self._finished_jobs and self._step == self._reported_step:
             return None
-        done, self._finished_stores = self._finished_stores, Counter()
+        done, self._finished_jobs = self._finished_jobs, Counter()
         self._reported_step = self._step
         return WorkerReport(done=done, step=self._step)
 
-    def _count_store(self, job_id: int) -> None:
-        self._finished_stores[job_id] += 1
+    def _count_job(self, job_id: int) -> None:
+        self._finished_jobs[job_id] += 1
 
     def drain(self) -> None:
         """Block until every transfer issued so far has completed (they are then reported
