@@ -24,6 +24,8 @@ L1_DIR = "/dev/shm/marconi-bench-l1"
 # `GPU_BENCH_L1_OVERFLOW=demote` runs ours with the seed's full-L1 behaviour (the
 # connector's `l1_overflow` key; default: the connector's default, "demote").
 L1_OVERFLOW = os.environ.get("GPU_BENCH_L1_OVERFLOW")
+# `GPU_BENCH_LOAD_MODE=same_step` runs ours with the connector's `load_mode` key set so.
+LOAD_MODE = os.environ.get("GPU_BENCH_LOAD_MODE")
 
 CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -125,7 +127,7 @@ def kv_transfer(
             kv_connector="MarconiOffloadConnector",
             kv_connector_module_path="vllm_marconi_offload",
             kv_role="kv_both",
-            kv_connector_extra_config={**extra, **overflow_key()},
+            kv_connector_extra_config={**extra, **env_settings()},
         )
     if mode in ("native", "simple"):
         name = "OffloadingConnector" if mode == "native" else "SimpleCPUOffloadConnector"
@@ -142,6 +144,8 @@ def result_name(stem: str) -> str:
     return f"{stem}-tp{TP}.json" if TP > 1 else f"{stem}.json"
 
 
-def overflow_key() -> dict[str, str]:
-    """Ours' `l1_overflow` setting from GPU_BENCH_L1_OVERFLOW, if that is set."""
-    return {"l1_overflow": L1_OVERFLOW} if L1_OVERFLOW else {}
+def env_settings() -> dict[str, str]:
+    """Ours' `l1_overflow` and `load_mode` settings from GPU_BENCH_L1_OVERFLOW and
+    GPU_BENCH_LOAD_MODE, where those are set."""
+    keys = {"l1_overflow": L1_OVERFLOW, "load_mode": LOAD_MODE}
+    return {key: value for key, value in keys.items() if value}

@@ -110,6 +110,7 @@ def main() -> None:
     model_8b.fresh_pools(*([L2_DIR] if L2_DIR else []))  # no hits left over from an earlier run
     engine = Engine(mode)
     result: dict[str, Any] = {"mode": mode, "tp": model_8b.TP, "startup_s": engine.startup_s}
+    result["load_mode"] = model_8b.LOAD_MODE
     engine.ttft(prompt(random.Random(1), 512))  # warm-up
     for n in lengths:
         result[str(n)] = measure(engine, mode, n)
