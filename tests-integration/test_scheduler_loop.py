@@ -42,11 +42,16 @@ def open_engine(engines: list[EngineLoop], model: str, **extra: object) -> Engin
     return engine
 
 
+@pytest.mark.parametrize("load_mode", ["async", "same_step"])
 def test_l1_hits_load_the_right_bytes(
-    tiny_llama: str, engines: list[EngineLoop], tmp_path: Path
+    tiny_llama: str, engines: list[EngineLoop], tmp_path: Path, load_mode: str
 ) -> None:
     engine = open_engine(
-        engines, tiny_llama, cpu_pool_path=str(tmp_path / "l1"), cpu_bytes_to_use=16 << 20
+        engines,
+        tiny_llama,
+        cpu_pool_path=str(tmp_path / "l1"),
+        cpu_bytes_to_use=16 << 20,
+        load_mode=load_mode,
     )
     shared = prompt(1, 4)
     a, b = prompt(2, 4, shared), prompt(3, 2, shared)
