@@ -131,10 +131,14 @@ def _sample_stacks() -> None:
                 _write(k="f", th=names.get(ident, str(ident)), stack=stack)
 
 
+def _read(timeline: str) -> list[dict[str, Any]]:
+    with open(timeline) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def report(timeline: str, rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per round (`start_t`/`end_t` in `rounds`), the step mix of `timeline`'s lines."""
-    with open(timeline) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
+    lines = _read(timeline)
     steps = [x for x in lines if x["k"] == "s"]
     updates = [x for x in lines if x["k"] == "u"]
     table = []
@@ -178,17 +182,16 @@ def report(timeline: str, rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def stalls(timeline: str, rounds: list[dict[str, Any]], min_ms: float) -> list[str]:
-    """Each step of rounds 1+ slower than `min_ms`, with the stacks each thread of the
-    scheduling process spent it in (longest first, at most three a thread)."""
-    with open(timeline) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
+    """Each step of rounds 1+ slower than `min_ms`, with the stacks each thread of every
+    sampled process spent it in (longest first, at most three a thread)."""
+    lines = _read(timeline)
     steps = [x for x in lines if x["k"] == "s"]
     frames = [x for x in lines if x["k"] == "f"]
     out = []
     for r in rounds[1:]:
         start, end = r["start_t"], r["end_t"]
         inside = [x for x in steps if start <= x["t"] <= end]
-        worker_pids = {x["pid"] for x in frames if start <= x["t"] <= end}
+        sampled_pids = {x["pid"] for x in frames if start <= x["t"] <= end}
         for step, nxt in zip(inside, [x["t"] for x in inside[1:]] + [end], strict=True):
             span = nxt - step["t"]
             if span * 1e3 < min_ms:
@@ -200,7 +203,7 @@ def stalls(timeline: str, rounds: list[dict[str, Any]], min_ms: float) -> list[s
             spent: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
             current: dict[str, tuple[float, str]] = {}
             for x in frames:
-                if x["pid"] not in worker_pids or x["t"] > nxt:
+                if x["pid"] not in sampled_pids or x["t"] > nxt:
                     continue
                 thread = f"{x['pid']}:{x['th']}"
                 begun, stack = current.get(thread, (x["t"], x["stack"]))
