@@ -16,7 +16,7 @@ def test_defaults_are_single_tier_anonymous_auto() -> None:
     assert config.eviction_options == {}
     assert config.admission_threshold == 1
     assert config.l1_overflow == "demote"
-    assert config.load_mode == "async"
+    assert config.load_mode == "same_step"
 
 
 def test_marconi_when_asked_for_is_the_seeds() -> None:

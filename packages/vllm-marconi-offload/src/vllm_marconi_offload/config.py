@@ -64,10 +64,10 @@ class OffloadConfig:
     # until the victims' L2 writes land; "drop_unwritten" keeps storing new blocks and drops
     # the oldest ones not yet written to L2.
     l1_overflow: L1Overflow = "demote"
-    # When a hit's blocks reach the GPU: "async" (a request waits, out of the batch, until
-    # its load has landed) or "same_step" (it is scheduled at once and the step's forward
-    # waits for the load on the GPU).
-    load_mode: str = "async"
+    # When a hit's blocks reach the GPU: "same_step" (it is scheduled at once and the step's
+    # forward waits for the load on the GPU) or "async" (a request waits, out of the batch,
+    # until its load has landed).
+    load_mode: str = "same_step"
     # Log a `[CPU-OFFLOAD HIT]` line every this many finished lookups.
     hit_log_interval: int = 10
     # Read bandwidth (bytes/s) assumed for L2 until measured; used to decide whether an
@@ -116,7 +116,7 @@ class OffloadConfig:
             l1_overflow=cast(
                 L1Overflow, _choice(extra, "l1_overflow", "demote", L1_OVERFLOW_MODES)
             ),
-            load_mode=_choice(extra, "load_mode", "async", LOAD_MODES),
+            load_mode=_choice(extra, "load_mode", "same_step", LOAD_MODES),
             hit_log_interval=_int(extra, "hit_log_interval", 10, minimum=1),
             l2_read_bytes_per_s=_float(extra, "l2_read_bytes_per_s", 1.5e9, minimum=1.0),
             prefill_tokens_per_s=_float(extra, "prefill_tokens_per_s", 0.0, minimum=0.0),
