@@ -1,21 +1,24 @@
 """Benchmark: hit rate of a multi-turn workload through a full L1 in front of a slower L2.
 
-    python -m kvpool_mmap.bench_overload [--sessions 24] [--blocks 24] [--rounds 4]
-        [--stride-kb 256] [--l1-fraction 0.33] [--store-ratio 2] [--l1-dir /dev/shm]
-        [--l2-dir /var/tmp] [--order shuffled|cyclic] [--load-l2] [--json FILE]
+    python -m kvpool_mmap.bench_overload [--sessions 24] [--blocks 24] [--growth 2]
+        [--rounds 4] [--stride-kb 256] [--l1-fraction 0.33] [--store-ratio 2]
+        [--policy auto] [--l1-dir /dev/shm] [--l2-dir /var/tmp] [--order shuffled|cyclic]
+        [--load-l2] [--modes l1_only,drop_unwritten,demote] [--json FILE]
 
-Sessions of `--blocks` blocks grow by two blocks a round and come back in a shuffled order
-each round (`--order cyclic`: the same order, as the GPU multi-turn benchmark sends them): a session looks up its whole history (the longest cached prefix is a hit;
-L2 blocks are promoted), then stores what missed plus its new blocks. Stores arrive at
-`--store-ratio` times the L2 write rate (docs/benchmarks.md has the GPU host's ratio),
-paced by sleeping after each session. L2 writes are real writes capped at
-`--l2-write-mbps` (default 50 MB/s; 0: the disk's own rate, measured first) so that runs
-on a shared machine, whose disk speed varies, compare. L1 holds
-`--l1-fraction` of the final live context, L2 all of it. Three stores run the same
-workload with the same seed: L1 only (the bound an L2 should not fall below), and L1 + L2
-under each `l1_overflow` mode. Hit rate = blocks hit / blocks looked up, rounds 1 onward;
-fresh = share of each prompt cached (either tier) right after it was stored: what a
-repeat of the prompt, or a request sharing it, would find.
+Sessions of `--blocks` blocks grow by `--growth` blocks a round and come back in a
+shuffled order each round (`--order cyclic`: the same order, as the GPU multi-turn
+benchmark sends them): a session looks up its whole history (the longest cached prefix is
+a hit; L2 blocks are promoted), then stores its whole prompt (the store skips what it
+holds). Stores arrive at `--store-ratio` times the L2 write rate (docs/benchmarks.md has
+the GPU host's ratio), paced by sleeping after each session. L2 writes are real writes
+capped at `--l2-write-mbps` (default 50 MB/s; 0: the disk's own rate, measured first) so
+that runs on a shared machine, whose disk speed varies, compare. L1 holds
+`--l1-fraction` of the final live context, L2 all of it; both tiers evict with
+`--policy`. The stores of `--modes` run the same workload with the same seed: L1 only (the
+bound an L2 should not fall below), and L1 + L2 under each `l1_overflow` mode. Hit rate =
+blocks hit / blocks looked up, rounds 1 onward (and per round); fresh = share of each
+prompt cached (either tier) right after it was stored: what a repeat of the prompt, or a
+request sharing it, would find.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Result:
     stored: int
     not_stored: int
     dropped_unwritten: int
+    restores: int
     demotions: int
     write_throughs: int
     wall_s: float
@@ -74,7 +78,7 @@ def _config(
     l1_slots: int,
     l2_slots: int,
     mode: str,
-    policy: str = "lru",
+    policy: str = "auto",
 ) -> StoreConfig:
     payload = -(-stride // 4096) * 4096 + HEADER_BYTES
     return StoreConfig(
@@ -186,6 +190,7 @@ def run(
         stored=stored,
         not_stored=st.store_no_space,
         dropped_unwritten=st.dropped_unwritten,
+        restores=st.restores,
         demotions=st.demotions,
         write_throughs=st.write_throughs,
         wall_s=wall,
@@ -223,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         default="shuffled",
         help="sessions per round: shuffled, or always the same order (as multiturn_bench.py)",
     )
-    ap.add_argument("--policy", default="lru", help="eviction policy of both tiers")
+    ap.add_argument("--policy", default="auto", help="eviction policy of both tiers")
     ap.add_argument(
         "--modes",
         default=",".join(MODES),
@@ -260,12 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{'mode':<15} {'hit rate':>8} {'L1':>6} {'L2':>6} {'fresh':>6} {'not_stored':>10} "
-        f"{'dropped':>8} {'demoted':>8} {'wall s':>7}  per round"
+        f"{'dropped':>8} {'restored':>8} {'demoted':>8} {'wall s':>7}  per round"
     )
     for r in results:
         print(
             f"{r.mode:<15} {r.hit_rate:>8.1%} {r.l1_hit_rate:>6.1%} {r.l2_hit_rate:>6.1%} "
-            f"{r.fresh_rate:>6.1%} {r.not_stored:>10} {r.dropped_unwritten:>8} {r.demotions:>8} {r.wall_s:>7.2f}  "
+            f"{r.fresh_rate:>6.1%} {r.not_stored:>10} {r.dropped_unwritten:>8} {r.restores:>8} {r.demotions:>8} {r.wall_s:>7.2f}  "
             + " / ".join(f"{h:.1%}" for h in r.round_hit_rates)
         )
     if args.json:
