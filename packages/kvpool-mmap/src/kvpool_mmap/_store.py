@@ -8,8 +8,9 @@ except close/flush/wait_load):
    I/O threads. poll_load(ticket) until READY or FAILED; the worker copies L1 -> GPU from
    ticket.l1_slots; then end_load(ticket) unpins and counts hits.
 3. begin_store(keys, parents, depths) -> StoreTicket: pinned L1 slots (None where not
-   admitted, already stored, or no space; see begin_store for keys found only in L2). The worker writes the slots; then
-   commit_store(ticket) (or abort_store) makes them visible and queues the write-through.
+   admitted, already stored, or no space; begin_store says when a key found only in L2
+   gets one). The worker writes the slots; then commit_store(ticket) (or abort_store)
+   makes them visible and queues the write-through.
 
 Guarantees: a pinned slot (being written by the worker, promoted, loaded) is never evicted;
 no slot is reused while anything uses it (an L2 write reading it included: a victim whose

@@ -3,7 +3,7 @@
     python -m kvpool_mmap.bench_overload [--sessions 24] [--blocks 24] [--growth 2]
         [--rounds 4] [--stride-kb 256] [--l1-fraction 0.33] [--store-ratio 2]
         [--policy auto] [--l1-dir /dev/shm] [--l2-dir /var/tmp] [--order shuffled|cyclic]
-        [--load-l2] [--modes l1_only,drop_unwritten,demote] [--json FILE]
+        [--load-l2] [--modes l1_only,demote,drop_unwritten] [--json FILE]
 
 Sessions of `--blocks` blocks grow by `--growth` blocks a round and come back in a
 shuffled order each round (`--order cyclic`: the same order, as the GPU multi-turn
