@@ -5,13 +5,15 @@ Real files; the disk is made slow by delaying (or holding) every L2 write on its
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from conftest import MakeConfig, hold_l2_writes, key
-from kvpool_mmap import ConfigError, StoreConfig, Tier, TieredStore
+from kvpool_mmap import ConfigError, StoreConfig, Tier, TieredStore, bench_overload
 from kvpool_mmap._io import BlockMover
 from test_store import assert_blocks, check_invariants, put_chain, settle
 
@@ -232,3 +234,18 @@ def test_with_l2_behind_it_drop_unwritten_l1_hits_as_it_would_alone(
     assert l1_hits(behind, prompts) == expected
     assert behind.stats().restores > 0
     check_invariants(behind)
+
+
+def test_the_overload_benchmark_runs_every_store_and_reports_each_round(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["--sessions", "4", "--blocks", "6", "--growth", "1", "--rounds", "2"]
+    argv += ["--stride-kb", "4", "--l1-fraction", "0.5", "--l2-write-mbps", "0"]
+    argv += ["--l1-dir", str(tmp_path), "--l2-dir", str(tmp_path), "--json", str(out)]
+    assert bench_overload.main(argv) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [r["mode"] for r in results] == list(bench_overload.MODES)
+    for r in results:
+        assert len(r["round_hit_rates"]) == 2
+        assert r["looked_up"] == 4 * (6 + 7)
+    with pytest.raises(SystemExit):
+        bench_overload.main(["--modes", "l1_only,refuse"])
