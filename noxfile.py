@@ -130,7 +130,10 @@ def bench_kvpool_overload(session: nox.Session) -> None:
     """kvpool-mmap: hit rate of a multi-turn workload through a full L1 in front of a slower
     L2, L1 alone vs L1 + L2 under each `l1_overflow` mode (same workload, same run)."""
     install_package(session, "kvpool-mmap", extra=None)
-    args = session.posargs or ["--store-ratio", "4", "--l1-fraction", "0.45", "--order", "cyclic"]
+    args = session.posargs or [
+        *("--order", "cyclic", "--store-ratio", "2", "--l1-fraction", "0.40", "--rounds", "3"),
+        *("--sessions", "48", "--blocks", "375", "--growth", "16", "--stride-kb", "16"),
+    ]
     session.run("python", "-m", "kvpool_mmap.bench_overload", *args)
 
 

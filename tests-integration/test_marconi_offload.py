@@ -123,6 +123,27 @@ def test_l2_hit_is_recomputed_when_loading_it_would_be_slower(
     assert hit_percent(run, "l2") == 0
 
 
+@pytest.mark.parametrize("overflow", ["drop_unwritten", "demote"])
+def test_a_recomputed_l2_hit_is_stored_into_l1_again_under_drop_unwritten(
+    tiny_llama: str,
+    run_engine: Callable[..., EngineRun],
+    baseline: EngineRun,
+    tmp_path: Path,
+    overflow: str,
+) -> None:
+    """A comes back once more after its L2 hit was recomputed: under `drop_unwritten` the
+    recompute stored it into L1 again (`restores`), so it hits there, as it would without
+    an L2; `demote` left it in L2 only, so it is recomputed again."""
+    spec = evict_a_to_l2(tiny_llama, tmp_path, l2_read_bytes_per_s=1, l1_overflow=overflow)
+    spec["phases"].append({"reset_prefix_cache": True, "prompts": [PROMPT_A]})  # type: ignore[attr-defined]
+    run = run_engine(spec)
+    assert run.cached(2) == [0]
+    assert run.tokens(3) == baseline.tokens(0)[:1]
+    restored = full_blocks(PROMPT_A) if overflow == "drop_unwritten" else 0
+    assert run.cached(3) == [restored]
+    assert int(re.findall(r"restores=(\d+)", run.log)[-1]) == restored // BLOCK
+
+
 def test_l2_hits_after_engine_restart(
     tiny_llama: str, run_engine: Callable[..., EngineRun], baseline: EngineRun, tmp_path: Path
 ) -> None:

@@ -5,13 +5,15 @@ Real files; the disk is made slow by delaying (or holding) every L2 write on its
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from conftest import MakeConfig, hold_l2_writes, key
-from kvpool_mmap import ConfigError, StoreConfig, Tier, TieredStore
+from kvpool_mmap import ConfigError, StoreConfig, Tier, TieredStore, bench_overload
 from kvpool_mmap._io import BlockMover
 from test_store import assert_blocks, check_invariants, put_chain, settle
 
@@ -155,3 +157,95 @@ def test_a_disk_that_keeps_up_loses_nothing(
 def test_bad_l1_overflow_names_the_setting(make_config: MakeConfig) -> None:
     with pytest.raises(ConfigError, match=r"l1_overflow must be one of .*drop_unwritten.*demote"):
         make_config(l1_overflow="refuse")
+
+
+def only_in_l2(s: TieredStore, ids: list[int]) -> None:
+    """Fill L1 with other blocks until `ids` (stored and written through) are only in L2."""
+    put_chain(s, ids)
+    settle(s)
+    others = iter(range(1000, 2000))
+    while s.lookup([key(ids[0])]) != [Tier.L2]:
+        put_chain(s, [next(others) for _ in range(CHAIN)])
+        settle(s)
+    assert s.lookup([key(i) for i in ids]) == [Tier.L2] * len(ids)
+
+
+def test_drop_unwritten_stores_a_block_found_only_in_l2_again(
+    make_config: MakeConfig, store_factory: Factory
+) -> None:
+    """A block recomputed instead of loaded from L2 gets an L1 copy again (as it would
+    without L2); its L2 copy stays, so no second L2 write follows."""
+    s = store_factory(overloaded(make_config, l1_overflow="drop_unwritten"))
+    only_in_l2(s, [0, 1, 2, 3])
+    aborted = s.begin_store([key(0)])
+    assert aborted.l1_slots != [None]
+    s.abort_store(aborted)  # the worker wrote nothing: the L2 copy is all there is, as before
+    assert s.lookup([key(0)]) == [Tier.L2]
+    check_invariants(s)
+    writes = s.stats().write_throughs
+    assert put_chain(s, [0, 1, 2, 3]) == CHAIN
+    assert s.lookup([key(i) for i in range(CHAIN)]) == [Tier.L1] * CHAIN
+    settle(s)
+    st = s.stats()
+    assert (st.restores, st.write_throughs, st.demotions) == (CHAIN + 1, writes, 0)
+    assert_blocks(s, [0, 1, 2, 3])
+    check_invariants(s)
+    only_in_l2(s, [0, 1, 2, 3])  # the L1 copies leave again; L2 kept its own
+    assert_blocks(s, [0, 1, 2, 3])
+
+
+def test_demote_leaves_a_block_found_only_in_l2_there(
+    make_config: MakeConfig, store_factory: Factory
+) -> None:
+    s = store_factory(overloaded(make_config))
+    only_in_l2(s, [0, 1, 2, 3])
+    assert put_chain(s, [0, 1, 2, 3]) == 0
+    assert s.lookup([key(0)]) == [Tier.L2]
+    assert s.stats().restores == 0
+
+
+def l1_hits(s: TieredStore, prompts: list[list[int]]) -> list[int]:
+    """Send each prompt as the connector does when loading from L2 is not worth it: load
+    the L1 prefix, recompute and store the rest. The L1 hit of each prompt."""
+    hits = []
+    for ids in prompts:
+        keys = [key(i) for i in ids]
+        tiers = s.lookup(keys)
+        hit = [*tiers, Tier.L2].index(Tier.L2)
+        got = s.get(keys[:hit])
+        assert len(got) == hit
+        hits.append(hit)
+        put_chain(s, ids)
+        settle(s)
+    return hits
+
+
+def test_with_l2_behind_it_drop_unwritten_l1_hits_as_it_would_alone(
+    make_config: MakeConfig, store_factory: Factory
+) -> None:
+    """A session pushed out of L1 once comes back and stays hot: L1 alone re-stores it on
+    its next miss and hits it from then on; L1 + L2 must do the same."""
+    hot, cold = list(range(CHAIN)), [list(range(c * CHAIN, (c + 1) * CHAIN)) for c in (1, 2, 3)]
+    prompts = [hot, cold[0], cold[1], hot, cold[2], hot, cold[0], hot, cold[1], hot]
+    alone = store_factory(make_config(l2_slots=None, tp_size=2, engine_id="alone"))
+    behind = store_factory(overloaded(make_config, l1_overflow="drop_unwritten"))
+    expected = l1_hits(alone, prompts)
+    assert sum(expected) >= 3 * CHAIN  # the hot session hits from its second return on
+    assert l1_hits(behind, prompts) == expected
+    assert behind.stats().restores > 0
+    check_invariants(behind)
+
+
+def test_the_overload_benchmark_runs_every_store_and_reports_each_round(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["--sessions", "4", "--blocks", "6", "--growth", "1", "--rounds", "2"]
+    argv += ["--stride-kb", "4", "--l1-fraction", "0.5", "--l2-write-mbps", "0"]
+    argv += ["--l1-dir", str(tmp_path), "--l2-dir", str(tmp_path), "--json", str(out)]
+    assert bench_overload.main(argv) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [r["mode"] for r in results] == list(bench_overload.MODES)
+    for r in results:
+        assert len(r["round_hit_rates"]) == 2
+        assert r["looked_up"] == 4 * (6 + 7)
+    with pytest.raises(SystemExit):
+        bench_overload.main(["--modes", "l1_only,refuse"])

@@ -25,6 +25,8 @@ STRIDE = 4096
 
 
 class StoreMachine(RuleBasedStateMachine):
+    L1_OVERFLOW = "demote"
+
     def __init__(self) -> None:
         super().__init__()
         self.root = Path(tempfile.mkdtemp(prefix="kvpool-hyp-"))
@@ -37,6 +39,7 @@ class StoreMachine(RuleBasedStateMachine):
             tp_size=TP,
             io_threads=2,
             write_through_queue=3,
+            l1_overflow=self.L1_OVERFLOW,
         )
         self.store = TieredStore(self.config)
         self.tickets: list[LoadTicket] = []
@@ -141,3 +144,13 @@ StoreMachine.TestCase.settings = settings(
     max_examples=25, stateful_step_count=40, deadline=None, database=None
 )
 TestStoreMachine = StoreMachine.TestCase
+
+
+class DropUnwrittenMachine(StoreMachine):
+    """The same under `drop_unwritten`, where stores also re-fill L1 from keys only in L2."""
+
+    L1_OVERFLOW = "drop_unwritten"
+
+
+DropUnwrittenMachine.TestCase.settings = StoreMachine.TestCase.settings
+TestDropUnwrittenMachine = DropUnwrittenMachine.TestCase

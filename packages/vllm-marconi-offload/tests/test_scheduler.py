@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kvpool_mmap import StoreConfig, TierConfig, TieredStore
+from kvpool_mmap import L1Overflow, StoreConfig, Tier, TierConfig, TieredStore
+from vllm_kv_identity import chain_keys
 from vllm_marconi_offload.cost import PROBE_AFTER_SKIPS, LoadCostModel
 from vllm_marconi_offload.layout import SlotLayout
 from vllm_marconi_offload.plan import StepPlan, StoreReport, TransferJob
@@ -87,6 +88,7 @@ class Engine:
         l2: bool = False,
         cost: LoadCostModel | None = None,
         same_step_loads: bool = False,
+        l1_overflow: L1Overflow = "demote",
     ) -> None:
         self.kv_cache_config = kv_cache_config(*specs)
         self.layout = SlotLayout.from_kv_cache_config(self.kv_cache_config)
@@ -97,6 +99,7 @@ class Engine:
             l1=TierConfig(root / "l1", 32 * self.layout.stride * world_size),
             l2=TierConfig(root / "l2", 64 * self.layout.stride * world_size) if l2 else None,
             tp_size=world_size,
+            l1_overflow=l1_overflow,
         )
         self.store = TieredStore(self.config)
         self.world_size = world_size
@@ -265,6 +268,27 @@ def test_l2_hits_are_recomputed_when_slower_and_probed_after_a_run_of_skips(
     assert load.transfers[0].gpu_blocks == (5,)
     assert np.all(engine.store.l1_files[0].array[list(slots_of(load))] == 7)
     assert engine.scheduler.counters.hit_tokens_l2 == BLOCK
+
+
+@pytest.mark.parametrize(("overflow", "stored"), [("drop_unwritten", 3), ("demote", 0)])
+def test_recomputed_l2_hits_are_stored_in_l1_again_under_drop_unwritten(
+    tmp_path: Path, start: Callable[..., Engine], overflow: L1Overflow, stored: int
+) -> None:
+    """An L2 hit recomputed because the disk is slow: under `drop_unwritten` the request's
+    store puts its blocks into L1 again, so the next request hits them there, as it would
+    without an L2; `demote` leaves them in L2 only."""
+    writer = Engine(tmp_path, attention_spec(), l2=True)
+    writer.report(writer.prefill(request("a", ["x", "y", "z"]), [[1, 2, 3, 4]]))
+    writer.close()  # the blocks are in L2 only now
+    slow_disk = LoadCostModel(l2_read_bytes_per_s=1.0, prefill_tokens_per_s=1e12)
+    engine = start(l2=True, cost=slow_disk, l1_overflow=overflow)
+    plan = engine.prefill(request("b", ["x", "y", "z"]), [[5, 6, 7, 8]])
+    assert engine.scheduler.counters.l2_skipped_blocks == 3
+    assert sum(len(slots_of(job)) for job in plan.stores) == stored
+    engine.report(plan)
+    assert engine.store.stats().restores == stored
+    tiers = engine.store.lookup(chain_keys(request("c", ["x", "y", "z"]).block_hashes, 0))
+    assert tiers == [Tier.L1] * 3 if stored else [Tier.L2] * 3
 
 
 def test_l2_hits_are_loaded_while_prefill_is_unmeasured(

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kvpool_mmap import RecoveryReport, StoreConfig, TierConfig, TieredStore
+from kvpool_mmap import RecoveryReport, StoreConfig, Tier, TierConfig, TieredStore
 from kvpool_mmap._recovery import RecoveredBlock
 from vllm_marconi_offload.stats import (
     HitCounters,
@@ -132,3 +132,25 @@ def test_victims_dropped_before_reaching_l2_are_reported(tmp_path: Path) -> None
         assert store.put([bytes([i]) * 16 for i in range(4, 8)], [[0] * 4096] * 4) == 3
         assert "not_stored=1 dropped_unwritten=3" in eviction_line(store.stats())
         assert store_counters(store.stats())["dropped_unwritten"] == 3
+
+
+def test_blocks_stored_into_l1_again_from_l2_are_reported(tmp_path: Path) -> None:
+    """Under `drop_unwritten` a block found only in L2 and stored again gets an L1 slot;
+    the log line and the metrics count it."""
+    config = StoreConfig(
+        stride=4096,
+        engine_id="stats",
+        fingerprint=b"stats",
+        l1=TierConfig(tmp_path / "l1", 2 * 4096),
+        l2=TierConfig(tmp_path / "l2", 1 << 20),
+        l1_overflow="drop_unwritten",
+    )
+    with TieredStore(config) as store:
+        keys = [bytes([i]) * 16 for i in range(4)]
+        for k in keys:
+            store.put([k], [[1] * 4096])
+            store.flush()
+        assert store.lookup(keys[:1]) == [Tier.L2]
+        assert store.put(keys[:1], [[1] * 4096]) == 1
+        assert "restores=1" in eviction_line(store.stats())
+        assert store_counters(store.stats())["restores"] == 1

@@ -143,11 +143,14 @@ class StoreConfig:
     verify_on_open: bool = False
     """Read every L2 payload at start and drop slots whose checksum fails (slow; for checks)."""
     l1_overflow: L1Overflow = "demote"
-    """What a full L1 does with victims that have no L2 copy yet. 'demote' (the seed's
-    design): always demote; their slots free when the writes land, and blocks that find no
-    slot meanwhile are not stored (store_no_space). 'drop_unwritten': demote them while
-    background L2 writes are fewer than max_inflight_io, else drop them (counted in
-    dropped_unwritten), so a new block never waits for the disk. Without L2 both drop."""
+    """How a full L1 shares work with a slower L2. 'demote' (the seed's design): victims
+    without an L2 copy are always demoted; their slots free when the writes land, blocks
+    that find no slot meanwhile are not stored (store_no_space), and a block found only in
+    L2 is not stored into L1 again (L1 turns over no faster than the disk writes).
+    'drop_unwritten': L1 works as it would alone: a block found only in L2 that is stored
+    again gets an L1 slot (restores; its L2 copy stays), and victims without an L2 copy are
+    demoted while background L2 writes are fewer than max_inflight_io, else dropped
+    (dropped_unwritten), so a store never waits for the disk. Without L2 both are L1 alone."""
 
     def __post_init__(self) -> None:
         _positive_int("stride", self.stride, maximum=MAX_TIER_BYTES)

@@ -57,6 +57,7 @@ class StoreEngine:
                 "io_errors",
                 "load_failures",
                 "dropped_unwritten",
+                "restores",
             ],
             0,
         )
@@ -114,6 +115,8 @@ class StoreEngine:
         self._slot_waiters: deque[Entry] = deque()
         self._evicting: set[Entry] = set()
         """L1 victims whose slot frees once an L2 write (and any pin) lets go of it."""
+        self._restores = config.l1_overflow == "drop_unwritten"
+        """begin_store gives L1 slots to keys found only in L2 (L1 works as it would alone)."""
         self._closed = False
         self._ticks = 0
         self._disabled = ""

@@ -8,8 +8,9 @@ except close/flush/wait_load):
    I/O threads. poll_load(ticket) until READY or FAILED; the worker copies L1 -> GPU from
    ticket.l1_slots; then end_load(ticket) unpins and counts hits.
 3. begin_store(keys, parents, depths) -> StoreTicket: pinned L1 slots (None where not
-   admitted, already stored, or no space). The worker writes the slots; then
-   commit_store(ticket) (or abort_store) makes them visible and queues the write-through.
+   admitted, already stored, or no space; begin_store says when a key found only in L2
+   gets one). The worker writes the slots; then commit_store(ticket) (or abort_store)
+   makes them visible and queues the write-through.
 
 Guarantees: a pinned slot (being written by the worker, promoted, loaded) is never evicted;
 no slot is reused while anything uses it (an L2 write reading it included: a victim whose
@@ -165,12 +166,15 @@ class TieredStore(StoreEngine):
         """Allocate pinned L1 slots for the keys the worker should write.
 
         Non-blocking. Keys already stored (or in flight) and keys the admission tracker
-        rejects get None; L1 victims are dropped if already in L2, else demoted (or, under
-        l1_overflow='drop_unwritten' with L2 writes behind, dropped); when no slot can be
-        freed now, the remaining keys get None (their prefix still gets slots). Under
-        'demote' a victim whose L2 write is in flight counts as a slot on its way, so the
-        store gets fewer slots now; under 'drop_unwritten' further victims are taken.
-        parents/depths default to the previous key in `keys` and the position.
+        rejects get None; so do keys found only in L2 under l1_overflow='demote', while
+        'drop_unwritten' gives them an L1 slot again (counted in `restores`; their L2
+        copy stays and no L2 write follows), as L1 alone would. L1 victims are dropped if
+        already in L2, else demoted (or, under 'drop_unwritten' with L2 writes behind,
+        dropped); when no slot can be freed now, the remaining keys get None (their
+        prefix still gets slots). Under 'demote' a victim whose L2 write is in flight
+        counts as a slot on its way, so the store gets fewer slots now; under
+        'drop_unwritten' further victims are taken. parents/depths default to the
+        previous key in `keys` and the position.
         """
         self._reap()
         n = len(keys)
@@ -182,10 +186,13 @@ class TieredStore(StoreEngine):
         seen: set[bytes] = set()
         for i, k in enumerate(keys):
             check_key(k)
-            if self._disabled or k in self._entries or k in seen:
+            if self._disabled or k in seen:
+                continue
+            e = self._entries.get(k)
+            if e is not None and not (self._restores and self._l2_only(e)):
                 continue
             seen.add(k)
-            if not self._admission.observe(k):
+            if e is None and not self._admission.observe(k):
                 self._counters["not_admitted"] += 1
                 continue
             want.append(i)
@@ -193,11 +200,20 @@ class TieredStore(StoreEngine):
         self._counters["store_no_space"] += len(want) - len(slots)
         ticket = StoreTicket(self._new_id(), list(keys), [None] * n, parents, depths)
         for i, slot in zip(want, slots, strict=False):
-            e = Entry(keys[i], parents[i], depths[i])
-            e.l1, e.l1_state, e.l1_pins = slot, SlotState.WRITING, 0
-            self._entries[keys[i]] = e
+            e = self._entries.get(keys[i])
+            if e is None:
+                e = self._entries[keys[i]] = Entry(keys[i], parents[i], depths[i])
+            else:
+                e.parent = parents[i]
+                self._counters["restores"] += 1
+            e.l1, e.l1_state = slot, SlotState.WRITING
             ticket.l1_slots[i] = slot
         return ticket
+
+    @staticmethod
+    def _l2_only(e: Entry) -> bool:
+        """Only a complete L2 copy exists and nothing is moving it into L1."""
+        return e.l1_state == SlotState.NONE and e.l2_readable
 
     def commit_store(self, ticket: StoreTicket) -> None:
         """The worker finished writing the ticket's slots: make them visible, write through."""
@@ -210,7 +226,7 @@ class TieredStore(StoreEngine):
             e.l1_state = SlotState.VALID
             self._l1_track(e)
             self._counters["stores"] += 1
-            if self.l2_files and self.config.write_through:
+            if self.l2_files and self.config.write_through and e.l2_state == SlotState.NONE:
                 self._queue_write_through(e)
         self._pump()
 
@@ -220,9 +236,10 @@ class TieredStore(StoreEngine):
             return
         ticket.done = True
         for k, slot in ticket.allocated:
-            e = self._entries.pop(k)
-            e.l1_state = SlotState.NONE
+            e = self._entries[k]
+            e.l1, e.l1_state = -1, SlotState.NONE
             self._l1_free.push(slot)
+            self._forget(e)
 
     def tick(self, n: int = 1) -> None:
         """Advance the policies' clocks, reap finished I/O, start queued write-throughs."""

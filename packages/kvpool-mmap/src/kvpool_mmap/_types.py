@@ -112,6 +112,9 @@ class StoreStats:
     dropped_unwritten: int
     """L1 victims dropped without an L2 copy because L2 writes were behind
     (l1_overflow='drop_unwritten')."""
+    restores: int
+    """Blocks stored into L1 again while their L2 copy was there (begin_store of a key
+    found only in L2, e.g. recomputed because loading it was not worth it)."""
     inflight_io: int
     recovered_blocks: int
     recovery_discarded: int

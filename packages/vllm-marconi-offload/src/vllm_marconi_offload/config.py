@@ -61,8 +61,9 @@ class OffloadConfig:
     """Options of `eviction_policy`, the flat aliases folded in; kv-eviction validated both."""
     admission_threshold: int = 1
     # A full L1 in front of a slower L2: "demote" (the seed's design) refuses new blocks
-    # until the victims' L2 writes land; "drop_unwritten" keeps storing new blocks and drops
-    # the oldest ones not yet written to L2.
+    # until the victims' L2 writes land and leaves recomputed L2 hits in L2 only;
+    # "drop_unwritten" makes L1 work as it would alone: it keeps storing new blocks, drops
+    # the oldest ones not yet written to L2, and stores recomputed L2 hits into L1 again.
     l1_overflow: L1Overflow = "demote"
     # When a hit's blocks reach the GPU: "same_step" (it is scheduled at once and the step's
     # forward waits for the load on the GPU) or "async" (a request waits, out of the batch,

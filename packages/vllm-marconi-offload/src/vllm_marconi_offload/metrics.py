@@ -59,6 +59,11 @@ _COUNTERS: dict[str, tuple[str, str, str | None]] = {
         "L1 victims dropped before their L2 copy was written (L2 writes behind).",
         None,
     ),
+    "restores": (
+        "vllm:marconi_offload_restored_blocks",
+        "Blocks stored into L1 again while L2 held them (recomputed instead of loaded).",
+        None,
+    ),
 }
 
 

@@ -71,6 +71,7 @@ def store_counters(stats: StoreStats) -> dict[str, int]:
         "checksum_failures": stats.checksum_failures,
         "not_stored": stats.store_no_space,
         "dropped_unwritten": stats.dropped_unwritten,
+        "restores": stats.restores,
     }
 
 
@@ -83,14 +84,16 @@ def eviction_line(stats: StoreStats) -> str:
     not_stored = blocks offered for storing that found no free L1 slot (every L1 block is
     pinned by a load or waits for its L2 write: with l1_overflow="demote", stores outpace
     L2's write bandwidth); dropped_unwritten = L1 victims dropped before their L2 copy
-    was written (l1_overflow="drop_unwritten" with L2 writes behind).
+    was written (l1_overflow="drop_unwritten" with L2 writes behind); restores = blocks
+    stored into L1 again while L2 held them (recomputed instead of loaded, under
+    "drop_unwritten").
     """
     return (
         f"Marconi eviction: stats=tracked={stats.l1_used + stats.l2_used} "
         f"l1={stats.l1_used} l2={stats.l2_used} demotes={stats.demotions} "
         f"promotes={stats.promotions} hoisted={stats.l1_evictions} "
         f"checksum_failures={stats.checksum_failures} not_stored={stats.store_no_space} "
-        f"dropped_unwritten={stats.dropped_unwritten}"
+        f"dropped_unwritten={stats.dropped_unwritten} restores={stats.restores}"
     )
 
 
