@@ -221,10 +221,13 @@ def test_an_unreported_store_is_never_committed(start: Callable[..., Engine]) ->
     assert engine.lookup(request("b", ["x", "y"])) == (0, False)
 
 
+@pytest.mark.parametrize("same_step_loads", [False, True])
 def test_hybrid_hits_need_the_state_checkpoint_at_their_last_block(
-    start: Callable[..., Engine],
+    start: Callable[..., Engine], same_step_loads: bool
 ) -> None:
-    engine = start(attention_spec(), mamba_spec())
+    """Also under same_step loads: a model with state groups is always loaded
+    asynchronously (vLLM reads the state before a same-step load lands)."""
+    engine = start(attention_spec(), mamba_spec(), same_step_loads=same_step_loads)
     plan = engine.prefill(request("a", ["x", "y", "z"], extra_tokens=0), [[1, 2, 3], [4, 5, 6]])
     [store] = plan.stores
     # attention: every block; state: only the checkpoint at the last full block
@@ -235,6 +238,7 @@ def test_hybrid_hits_need_the_state_checkpoint_at_their_last_block(
     assert engine.lookup(hit) == (3 * BLOCK, True)
     engine.scheduler.allocated(hit, ([7, 8, 9, 10], [11, 12, 13, 14]), 3 * BLOCK)
     [load] = engine.scheduler.build_metadata(scheduler_output()).loads
+    assert not load.same_step
     assert [(t.group_id, t.gpu_blocks) for t in load.transfers] == [(0, (7, 8, 9)), (1, (13,))]
     assert slots_of(load, group=1) == slots_of(store, group=1)
 

@@ -97,9 +97,11 @@ class OffloadScheduler:
         same_step_loads: bool = False,
     ) -> None:
         """`same_step_loads`: hits are scheduled in the step that loads them (vLLM's
-        synchronous path; the workers make that step's forward wait for the load)."""
+        synchronous path; the workers make that step's forward wait for the load). Not on
+        a model with state (Mamba) groups: vLLM copies a request's state out of its block
+        before the step's connector load could land there, so those loads stay
+        asynchronous."""
         self._store = store
-        self._same_step = same_step_loads
         self._cost = cost
         # Bytes read from L2 to promote one group's block: its slot on every rank.
         self._slot_bytes = layout.stride * world_size
@@ -108,6 +110,13 @@ class OffloadScheduler:
         self._kv_cache_config = kv_cache_config
         self._chain_groups = [g.group_id for g in layout.groups if g.is_attention]
         self._state_groups = [g.group_id for g in layout.groups if not g.is_attention]
+        self._same_step = same_step_loads and not self._state_groups
+        if same_step_loads and self._state_groups:
+            logger.info(
+                "load_mode=same_step: this model has state (Mamba) groups %s, whose state "
+                "vLLM copies before a same-step load lands; loads stay asynchronous",
+                self._state_groups,
+            )
         odd = [g.group_id for g in layout.groups if g.block_size != block_size]
         self._enabled = not odd
         if odd:
