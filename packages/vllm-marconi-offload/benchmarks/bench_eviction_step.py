@@ -26,18 +26,24 @@ the policies alternates from round to round. Besides the ratio of the fastest ro
 table gives the median and range of the per-round ratios (each round's runs follow each
 other, so load that drifts over minutes cancels).
 
+`--base DIR` compares code versions in one run: a policy written `NAME@base` is built from
+the kv_eviction package folder DIR (say, main's `packages/kv-eviction/src/kv_eviction` in
+another worktree), imported under another name, so old and new code run interleaved
+(`--policies lru,auto@base,auto`).
+
 `--record DIR` also writes each run's L1 policy calls (fill and timed steps, in order) to
 DIR for `replay_eviction_calls.py`, which times the policy alone on them; the calls go
 through a recording wrapper then, so the step times of such a run are not comparable.
 A recording replays only under the PYTHONHASHSEED it was made with (the connector's keys
 are `bytes`, and `auto` samples them by hash).
 
-    python bench_eviction_step.py [--blocks 4096,65536] [--steps 60] [--rounds 3] [--record DIR]
+    python bench_eviction_step.py [--blocks 4096,65536] [--steps 60] [--rounds 3] [--base DIR] [--record DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import multiprocessing
 import pickle
 import random
@@ -48,6 +54,7 @@ import time
 from collections.abc import Hashable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NamedTuple
 
 from kv_eviction import EvictionPolicy, PolicyStats, make_policy, register_policy
@@ -62,6 +69,8 @@ BLOCK = 16
 PROMPT_BLOCKS = 248
 SLOT_BYTES = 2 * 2 * BLOCK * 2 * 16 * 2  # layers x (K, V) x tokens x heads x dims x bf16
 HISTORY = 64
+BASE = "kv_eviction_base"
+"""The module name `--base`'s package is imported under."""
 CALLS: list[tuple[Any, ...]] = []
 """The recorded calls of every `RecordingPolicy` of this process, in order, and markers."""
 
@@ -180,6 +189,27 @@ def parse_policy(spec: str) -> tuple[str, dict[str, Any]]:
     return name, options
 
 
+def load_base(folder: str) -> ModuleType:
+    """The kv_eviction package in `folder`, imported (once) as `BASE`."""
+    if BASE not in sys.modules:
+        init = Path(folder) / "__init__.py"
+        spec = importlib.util.spec_from_file_location(
+            BASE, init, submodule_search_locations=[folder]
+        )
+        if spec is None or spec.loader is None or not init.is_file():
+            raise SystemExit(f"--base {folder}: not a kv_eviction package folder")
+        sys.modules[BASE] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[BASE]
+
+
+def register_base(name: str, base: str) -> None:
+    """Make `NAME@base` a policy (built from `--base`'s package) for `make_policy`."""
+    if name.endswith("@base"):
+        stem = name.removesuffix("@base")
+        register_policy(name, lambda **o: load_base(base).make_policy(stem, **o))
+
+
 class Cost(NamedTuple):
     """One run: median CPU seconds of `schedule()` + `update_from_output()` per step, of
     the process and of the scheduler's thread; mean prompt tokens served from cache."""
@@ -189,12 +219,15 @@ class Cost(NamedTuple):
     cached_tokens: float
 
 
-def measure(model: str, policy: str, blocks: int, steps: int, seed: int, record: str = "") -> Cost:
+def measure(
+    model: str, policy: str, blocks: int, steps: int, seed: int, record: str = "", base: str = ""
+) -> Cost:
     """One run of `steps` timed steps (see the module docstring); with `record`, the L1
-    policy's calls are written to that file."""
+    policy's calls are written to that file; `base` is `--base`."""
     rng = random.Random(seed)
     history: list[list[int]] = []
     name, options = parse_policy(policy)
+    register_base(name, base)
     if record:
         recorded = name
         name = f"recorded-{name}"
@@ -240,12 +273,12 @@ def measure(model: str, policy: str, blocks: int, steps: int, seed: int, record:
 
 
 def measure_alone(
-    model: str, policy: str, blocks: int, steps: int, seed: int, record: str = ""
+    model: str, policy: str, blocks: int, steps: int, seed: int, record: str = "", base: str = ""
 ) -> Cost:
     """`measure` in a fresh process (spawned: no state of earlier runs)."""
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-        return pool.submit(measure, model, policy, blocks, steps, seed, record).result()
+        return pool.submit(measure, model, policy, blocks, steps, seed, record, base).result()
 
 
 def main() -> None:
@@ -260,6 +293,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", default="", help="folder for the policies' calls")
+    parser.add_argument("--base", default="", help="kv_eviction package folder for NAME@base")
     args = parser.parse_args()
     policies = args.policies.split(",")
     with tempfile.TemporaryDirectory(prefix="bench-model-") as models:
@@ -279,9 +313,11 @@ def main() -> None:
                 for policy in order:
                     record = ""
                     if args.record:
-                        label = policy.replace(":", "-").replace("=", "")
+                        label = policy.replace(":", "-").replace("=", "").replace("@", "-")
                         record = str(Path(args.record) / f"{label}-{blocks}-{round_}.pkl")
-                    cost = measure_alone(model, policy, blocks, args.steps, args.seed, record)
+                    cost = measure_alone(
+                        model, policy, blocks, args.steps, args.seed, record, args.base
+                    )
                     runs[policy].append(cost)
             cached = " / ".join(
                 f"{statistics.mean(run.cached_tokens for run in runs[p]):,.0f}" for p in policies

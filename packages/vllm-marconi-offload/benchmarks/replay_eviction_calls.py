@@ -13,6 +13,9 @@ not fit it, and it is reported as `diverges` (the recorded policy itself always 
 replay checks every victim count). Run under the PYTHONHASHSEED of the recording.
 
     PYTHONHASHSEED=0 python replay_eviction_calls.py DIR/auto-65536-0.pkl --policies lru,auto
+
+`--base` as in `bench_eviction_step.py`: `--policies lru,auto@base,auto --base DIR` times
+the package in DIR (say, main's) and this one on the same calls.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from bench_eviction_step import parse_policy
+from bench_eviction_step import parse_policy, register_base
 from kv_eviction import EvictionPolicy, make_policy
 
 CHUNK = 1000
@@ -65,12 +68,15 @@ def replay(policy: EvictionPolicy, calls: list[Call]) -> None:
         raise DivergedError from None  # a call on a key this policy had evicted
 
 
-def measure(fill: list[Call], timed: list[Call], names: list[str]) -> dict[str, float]:
+def measure(
+    fill: list[Call], timed: list[Call], names: list[str], base: str = ""
+) -> dict[str, float]:
     """One round: process CPU seconds of each policy over `timed` (inf: diverged)."""
     policies: dict[str, EvictionPolicy] = {}
     seconds: dict[str, float] = {}
     for name in names:
         label, options = parse_policy(name)
+        register_base(label, base)
         policies[name] = make_policy(label, **options)
         seconds[name] = 0.0
         try:
@@ -100,13 +106,14 @@ def main() -> None:
         "--policies", default="", help="as bench_eviction_step's; default: the recorded one"
     )
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--base", default="", help="kv_eviction package folder for NAME@base")
     args = parser.parse_args()
     print("| recording | timed steps | calls per step | policy: ms per step (x first) |")
     print("|---|---:|---:|---|")
     for path in args.recordings:
         recorded, fill, timed, steps = load(path)
         names = args.policies.split(",") if args.policies else [recorded]
-        rounds = [measure(fill, timed, names) for _ in range(args.rounds)]
+        rounds = [measure(fill, timed, names, args.base) for _ in range(args.rounds)]
         median = {name: statistics.median(r[name] for r in rounds) for name in names}
         cells = []
         for name in names:

@@ -103,12 +103,12 @@ class AutoPolicy(CandidatePolicy):
 
     # see ChainHeapPolicy's slots: auto has about 60 attributes
     __slots__ = (
-        "_accesses",
         "_budget_rate",
         "_compared",
         "_current",
         "_due",
         "_epoch_length",
+        "_epoch_start",
         "_epochs",
         "_lead_epochs",
         "_leader",
@@ -171,7 +171,9 @@ class AutoPolicy(CandidatePolicy):
         self._rate = self._budget_rate  # the sampling rate R
         self._threshold = int(self._rate * _HASH_SPACE)
         """A key is sampled when its 64-bit multiplicative hash is below this."""
-        self._accesses = 0
+        self._epoch_start = 0
+        """`_seq` (which counts inserts and touches, the shadows' accesses) when the epoch
+        began."""
         self._epoch_length = min_epoch
         self._switches = 0
         self._epochs = 0
@@ -180,7 +182,7 @@ class AutoPolicy(CandidatePolicy):
         self._rescore_next = 0
         self._rescore_end = 0
         self._due = self._epoch_length
-        """`_accesses` at which `_due_work` runs next: the epoch's end, or at once while a
+        """`_seq` at which `_due_work` runs next: the epoch's end, or at once while a
         re-scoring pass is pending."""
 
     # --- what the owner calls --------------------------------------------------------
@@ -190,13 +192,12 @@ class AutoPolicy(CandidatePolicy):
         # access was a tenth of auto's time on the step benchmark's calls)
         if len(self._heap) > COMPACT_FACTOR * len(self._index) + COMPACT_SLACK:
             self._compact()  # `_maybe_compact` written out
-        self._accesses += 1
         key = self._keys[slot]
         if (hash(key) * _HASH_MULT) & _MASK64 < self._threshold:
             self._pending.append((key, self._depth[slot], self.clock))
             if len(self._pending) >= BATCH:
                 self._replay()
-        if self._accesses >= self._due:
+        if self._seq >= self._due:
             self._due_work()
 
     def pop_victims(self, n: int) -> list[Hashable]:
@@ -213,9 +214,14 @@ class AutoPolicy(CandidatePolicy):
     def _due_work(self) -> None:
         if self._rescore_next < self._rescore_end:
             self._rescore_step()
-        if self._accesses >= self._epoch_length:
+        if self._seq - self._epoch_start >= self._epoch_length:
             self._epoch_done()
-        self._due = 0 if self._rescore_next < self._rescore_end else self._epoch_length
+        self._set_due()
+
+    def _set_due(self) -> None:
+        """Due work at once while a re-scoring pass is pending, else at the epoch's end."""
+        pending = self._rescore_next < self._rescore_end
+        self._due = 0 if pending else self._epoch_start + self._epoch_length
 
     def start_rescore(self, candidate: Candidate, capacity: int) -> None:
         """Switch rule and/or capacity; existing keys are re-keyed a few per operation.
@@ -320,7 +326,7 @@ class AutoPolicy(CandidatePolicy):
         if self.capacity:
             self._end_epoch()
         else:  # still filling: keep the sample within `sample_entries` keys
-            self._accesses = 0
+            self._epoch_start = self._seq
             self._set_rate(len(self))
 
     def _sampled(self, key: Hashable) -> bool:
@@ -353,7 +359,7 @@ class AutoPolicy(CandidatePolicy):
         limit = max(1, int(capacity * self._rate))
         for shadow in self._shadows:
             shadow.resize(limit, capacity)
-        self._due = 0 if self._rescore_next < self._rescore_end else self._epoch_length
+        self._set_due()
 
     def _leads(self, index: int) -> bool:
         """Whether candidate `index` beats the current rule beyond noise and margin."""
@@ -373,7 +379,7 @@ class AutoPolicy(CandidatePolicy):
         return index != self._current and not coarse and not few and lead
 
     def _end_epoch(self) -> None:
-        self._accesses = 0
+        self._epoch_start = self._seq
         self._epochs += 1
         self._compared += 1
         for shadow in self._shadows:
