@@ -69,7 +69,9 @@ def test_tp2_l1_and_restart_hits_give_identical_tokens_with_per_rank_files(
     assert first.tokens(1) == tp_baseline.tokens(0)
     # vLLM's own cache was emptied: every cached token came from L1 (both ranks' halves).
     assert first.cached(1) == [full_blocks(PROMPT_A), full_blocks(PROMPT_B)]
-    assert hit_counts(first)["hit_tokens"] == sum(first.cached(1))
+    # The connector counts what it served: with same-step loads (the default) A's load is
+    # in vLLM's own cache in the step that schedules B, so B takes the shared prefix there.
+    assert hit_counts(first)["hit_tokens"] == sum(first.cached(1)) - len(SHARED)
     assert hit_percent(first, "l1") > 0
 
     # Each rank mapped its own L1 file, named by tp rank; at a clean exit each removed it
