@@ -137,7 +137,7 @@ class Shadow:
         fresh = self.fresh
         ghost = self.ghost
         assert ghost is not None
-        generations, size, remember = ghost.generations, ghost.size, ghost.add_all
+        generations, size, remember = ghost.generations, ghost.size, ghost.add
         limit = self.limit
         window = self.window
         hits = 0
@@ -157,9 +157,9 @@ class Shadow:
                 if len(order) + len(fresh) > limit:
                     # the oldest first-time key once out of its window, else LRU
                     if fresh and (not order or next(iter(fresh.values()))[0] + window <= clock):
-                        remember((fresh.popitem(last=False)[0],))
+                        remember(fresh.popitem(last=False)[0])
                     else:
-                        remember((order.popitem(last=False)[0],))
+                        remember(order.popitem(last=False)[0])
         return hits
 
     def _replay_scored(self, batch: Sequence[Access]) -> int:
@@ -205,7 +205,7 @@ class Shadow:
                             break  # else stale
                     del entries[victim]
                 if ghost is not None:
-                    ghost.add_all((victim,))
+                    ghost.add(victim)
         self.seq = seq
         if len(heap) > 2 * len(entries) + 64:
             self._rebuild()

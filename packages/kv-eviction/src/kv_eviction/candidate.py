@@ -215,8 +215,7 @@ class CandidatePolicy(ChainHeapPolicy):
             return PROBATION_BASE | seq
         if self._recency:
             return seq  # LRU keys are the sequence number
-        key = self._log_key(1, depth, clock)  # `_priority` written out
-        return (float_order_bits(key) << SEQ_BITS) | seq
+        return self._priority(slot, seq)
 
     def _priority_on_touch(self, slot: int, seq: int) -> int:
         self._first_time[slot] = 0
