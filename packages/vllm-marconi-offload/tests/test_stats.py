@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from kvpool_mmap import RecoveryReport, StoreConfig, Tier, TierConfig, TieredStore
 from kvpool_mmap._recovery import RecoveredBlock
@@ -19,20 +18,18 @@ from vllm_marconi_offload.stats import (
 )
 
 
-@contextmanager
-def _l1_only_store(tmp_path: Path, blocks: int) -> Iterator[TieredStore]:
-    """A standalone store of 4 KiB blocks: an L1 of `blocks` slots, no L2."""
+def _store(tmp_path: Path, l1_blocks: int, *, l2: bool = False, **options: Any) -> TieredStore:
+    """A standalone store of 4 KiB blocks: an L1 of `l1_blocks` slots, a 1 MiB L2 if `l2`,
+    and any other StoreConfig `options`."""
     config = StoreConfig(
         stride=4096,
         engine_id="stats",
         fingerprint=b"stats",
-        l1=TierConfig(tmp_path / "l1", blocks * 4096),
+        l1=TierConfig(tmp_path / "l1", l1_blocks * 4096),
+        l2=TierConfig(tmp_path / "l2", 1 << 20) if l2 else None,
+        **options,
     )
-    store = TieredStore(config)
-    try:
-        yield store
-    finally:
-        store.close()
+    return TieredStore(config)
 
 
 def test_hit_line_splits_tokens_and_requests_by_tier() -> None:
@@ -52,7 +49,7 @@ def test_hit_line_splits_tokens_and_requests_by_tier() -> None:
 def test_blocks_that_find_no_l1_slot_are_reported(tmp_path: Path) -> None:
     """A full L1 whose blocks cannot leave yet refuses stores; the log line and the
     metrics must say how many blocks were not stored."""
-    with _l1_only_store(tmp_path, blocks=2) as store:
+    with _store(tmp_path, l1_blocks=2) as store:
         first = store.begin_store([b"a" * 16, b"b" * 16])
         store.commit_store(first)
         load = store.begin_load([b"a" * 16, b"b" * 16])  # both pinned: nothing can be evicted
@@ -65,7 +62,7 @@ def test_blocks_that_find_no_l1_slot_are_reported(tmp_path: Path) -> None:
 
 
 def test_occupancy_counts_blocks_and_bytes_per_tier(tmp_path: Path) -> None:
-    with _l1_only_store(tmp_path, blocks=8) as store:
+    with _store(tmp_path, l1_blocks=8) as store:
         store.commit_store(store.begin_store([b"a" * 16, b"b" * 16, b"c" * 16]))
         gauges = occupancy(store.stats(), store.config)
     assert gauges["l1_used_blocks"] == 3
@@ -116,17 +113,9 @@ def test_reports_send_counter_increments_and_changed_gauges_only() -> None:
 def test_victims_dropped_before_reaching_l2_are_reported(tmp_path: Path) -> None:
     """With L2 writes behind, a full L1 under `l1_overflow="drop_unwritten"` drops its
     oldest unwritten blocks to store new ones; the log line and the metrics count them."""
-    config = StoreConfig(
-        stride=4096,
-        engine_id="stats",
-        fingerprint=b"stats",
-        l1=TierConfig(tmp_path / "l1", 4 * 4096),
-        l2=TierConfig(tmp_path / "l2", 1 << 20),
-        write_through=False,
-        max_inflight_io=1,
-        l1_overflow="drop_unwritten",
-    )
-    with TieredStore(config) as store:
+    with _store(
+        tmp_path, 4, l2=True, write_through=False, max_inflight_io=1, l1_overflow="drop_unwritten"
+    ) as store:
         store.put([bytes([i]) * 16 for i in range(4)], [[i] * 4096 for i in range(4)])
         # the first victim's demotion is the one write allowed in flight: the others drop
         assert store.put([bytes([i]) * 16 for i in range(4, 8)], [[0] * 4096] * 4) == 3
@@ -137,15 +126,7 @@ def test_victims_dropped_before_reaching_l2_are_reported(tmp_path: Path) -> None
 def test_blocks_stored_into_l1_again_from_l2_are_reported(tmp_path: Path) -> None:
     """Under `drop_unwritten` a block found only in L2 and stored again gets an L1 slot;
     the log line and the metrics count it."""
-    config = StoreConfig(
-        stride=4096,
-        engine_id="stats",
-        fingerprint=b"stats",
-        l1=TierConfig(tmp_path / "l1", 2 * 4096),
-        l2=TierConfig(tmp_path / "l2", 1 << 20),
-        l1_overflow="drop_unwritten",
-    )
-    with TieredStore(config) as store:
+    with _store(tmp_path, 2, l2=True, l1_overflow="drop_unwritten") as store:
         keys = [bytes([i]) * 16 for i in range(4)]
         for k in keys:
             store.put([k], [[1] * 4096])
