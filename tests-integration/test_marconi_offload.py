@@ -43,7 +43,7 @@ def baseline(tiny_llama: str, run_engine: Callable[..., EngineRun]) -> EngineRun
     return run_engine({"model": tiny_llama, "phases": [{"prompts": [PROMPT_A, PROMPT_B]}]})
 
 
-@pytest.mark.parametrize("load_mode", ["async", "same_step"])
+@pytest.mark.parametrize("load_mode", ["async", "same_step", "layer_wise"])
 def test_l1_hits_after_prefix_cache_reset_give_identical_tokens(
     tiny_llama: str,
     run_engine: Callable[..., EngineRun],
@@ -51,8 +51,9 @@ def test_l1_hits_after_prefix_cache_reset_give_identical_tokens(
     tmp_path: Path,
     load_mode: str,
 ) -> None:
-    """Both load modes serve the same tokens, and unpin what they loaded (the connector's
-    reset then drops every block)."""
+    """Every load mode serves the same tokens, and unpins what it loaded (the connector's
+    reset then drops every block). `layer_wise` loads as `same_step` here (CPU workers copy
+    synchronously), after learning that vLLM's forward waits for every layer."""
     spec = {
         "model": tiny_llama,
         "kv_transfer_config": connector_config(
@@ -74,10 +75,13 @@ def test_l1_hits_after_prefix_cache_reset_give_identical_tokens(
     assert run.cached(1) == [full_blocks(PROMPT_A), full_blocks(PROMPT_B)]
     # The connector's counters say exactly what it served. Same-step: A's load is in vLLM's
     # own cache in the very step B is scheduled, so B takes the shared prefix from there.
-    from_vllm = len(SHARED) if load_mode == "same_step" else 0
+    from_vllm = len(SHARED) if load_mode != "async" else 0
     assert hit_counts(run)["hit_tokens"] == sum(run.cached(1)) - from_vllm + sum(run.cached(2))
     assert hit_percent(run, "l1") > 0
     assert hit_percent(run, "l2") == 0
+    if load_mode == "layer_wise":
+        learned = run.last_line("load_mode=layer_wise: the forward waits for")
+        assert "waits for 2 of 2 layers one by one" in learned, learned
 
 
 def evict_a_to_l2(model: str, tmp_path: Path, **extra: object) -> dict[str, object]:

@@ -79,7 +79,7 @@ def test_seed_quickstart_config_is_accepted() -> None:
         ({"cpu_pool_path": ""}, "cpu_pool_path must be an absolute directory path"),
         ({"cpu_bytes": 1}, "unknown key(s) ['cpu_bytes']"),
         ({"l1_overflow": "refuse"}, "l1_overflow must be one of ['drop_unwritten', 'demote']"),
-        ({"load_mode": "sync"}, "load_mode must be one of ['async', 'same_step'], got 'sync'"),
+        ({"load_mode": "sync"}, "load_mode must be one of ['async', 'same_step', 'layer_wise'], got 'sync'"),
     ],
 )
 def test_bad_values_name_the_key(extra: dict[str, object], message: str) -> None:

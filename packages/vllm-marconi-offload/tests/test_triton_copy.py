@@ -65,6 +65,16 @@ SCRIPT = textwrap.dedent(
     page = 8192
     shared = torch.randint(0, 256, (NUM_BLOCKS, LAYERS, page), dtype=torch.uint8)
     check([shared[:, i] for i in range(LAYERS)], page, LAYERS * page)
+    # One layer of each row (a layer-wise load): only that layer's blocks change.
+    rows = torch.randint(0, 256, (8, LAYERS * page), dtype=torch.uint8)
+    layers = layers_of([shared[:, i] for i in range(LAYERS)], page)
+    before = shared.clone()
+    single = GroupCopyPlan.build([layers[1]], torch.device("cpu"))
+    single.copy(rows, torch.tensor([6, 2]), torch.tensor([3, 9]), to_rows=False, programs=2)
+    assert torch.equal(shared[3, 1], rows[6, page : 2 * page])
+    assert torch.equal(shared[9, 1], rows[2, page : 2 * page])
+    before[[3, 9], 1] = shared[[3, 9], 1]
+    assert torch.equal(shared, before), "another layer or block was written"
     # Whole staged rows into scattered, wider L1 rows (how a store crosses PCIe by kernel).
     staged = torch.randint(0, 256, (4, 3 * page), dtype=torch.uint8)
     whole = [LayerBytes(staged, offset=0, nbytes=3 * page)]

@@ -14,6 +14,7 @@ from packaging.version import Version
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
@@ -67,6 +68,22 @@ def cached_requests(
         else:
             resumed = bool(resumed_flags[i]) if resumed_flags is not None else False
         yield req_id, cached.new_block_ids[i], cached.num_computed_tokens[i], resumed
+
+
+def attention_waits_per_layer(forward_context: ForwardContext) -> bool:
+    """True if this step's forward will call the connector's `wait_for_layer_load` before
+    each attention layer (as far as the forward context tells).
+
+    vLLM calls it from each attention layer it runs eagerly, where the forward context
+    carries attention metadata: every layer of a step run without CUDA graphs or as a
+    piecewise graph, none of a step replayed as one full graph (runtime mode FULL). A
+    forward context without metadata or runtime mode (vLLM's V2 model runner) says nothing:
+    False.
+    """
+    if getattr(forward_context, "attn_metadata", None) is None:
+        return False
+    mode = getattr(forward_context, "cudagraph_runtime_mode", None)
+    return mode is not None and getattr(mode, "name", "FULL") != "FULL"
 
 
 def tensor_parallel_rank() -> int:

@@ -29,7 +29,7 @@ from .log import logger
 
 DEFAULT_CPU_BYTES = 8 << 30
 DEFAULT_EVICTION_POLICY = "auto"
-LOAD_MODES = ("async", "same_step")
+LOAD_MODES = ("async", "same_step", "layer_wise")
 EVICTION_ALIASES = {"eviction_decay": "decay", "eviction_reuse_mode": "reuse_mode"}
 """The seed's flat keys: aliases of the `marconi` policy's options in `eviction_options`
 (with another policy they are ignored, with a warning: `ignored_keys`)."""
@@ -66,8 +66,9 @@ class OffloadConfig:
     # the oldest ones not yet written to L2, and stores recomputed L2 hits into L1 again.
     l1_overflow: L1Overflow = "demote"
     # When a hit's blocks reach the GPU: "same_step" (it is scheduled at once and the step's
-    # forward waits for the load on the GPU) or "async" (a request waits, out of the batch,
-    # until its load has landed).
+    # forward waits for the load on the GPU), "layer_wise" (as same_step, but on CUDA each
+    # attention layer vLLM runs eagerly waits only for its own layer's load) or "async" (a
+    # request waits, out of the batch, until its load has landed).
     load_mode: str = "same_step"
     # Log a `[CPU-OFFLOAD HIT]` line every this many finished lookups.
     hit_log_interval: int = 10

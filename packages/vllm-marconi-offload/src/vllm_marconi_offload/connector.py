@@ -65,10 +65,13 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         assert self._worker is not None
-        self._worker.start_loads(self._meta())
+        self._worker.start_loads(
+            self._meta(), layer_waits=compat.attention_waits_per_layer(forward_context)
+        )
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return None
+        assert self._worker is not None
+        self._worker.wait_for_layer(layer_name)
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any

@@ -114,10 +114,12 @@ class CudaBlockMover:
         *,
         kernel: bool = True,
         direct: bool = False,
+        by_layer: bool = False,
     ) -> None:
         """`kernel`: gather and scatter with one Triton launch where the layout allows
         (else one torch copy per layer); `direct`: no staging, the kernel reaches the L1
-        rows itself (needs the kernel for every group, else ConfigError)."""
+        rows itself (needs the kernel for every group, else ConfigError); `by_layer`:
+        prepare `load_layers` (one kernel per layer)."""
         self._layers = layers
         self._device = device
         # Stores: gather (blocks -> staging) then copy (staging -> L1 rows).
@@ -139,6 +141,12 @@ class CudaBlockMover:
                     "use VLLM_MARCONI_OFFLOAD_COPY=async"
                 )
         self._direct = direct
+        # One plan per layer, for loads that land layer by layer (`load_layers`).
+        self._layer_plans: dict[int, list[GroupCopyPlan]] = {}
+        for group_id, group in layers.items() if by_layer else ():
+            plans = [GroupCopyPlan.build([layer], device) for layer in group]
+            if all(plans):
+                self._layer_plans[group_id] = [plan for plan in plans if plan is not None]
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         self._host_programs = HOST_PROGRAMS_PER_SM * sms
         share = staging_bytes // max(1, len(layers))  # the groups split the staging budget
@@ -155,13 +163,20 @@ class CudaBlockMover:
 
     def _warm_up(self) -> None:
         """Compile the kernel now rather than on the first hit (Triton compiles each
-        variant at its first launch): copy block 0 of each group out and back, unchanged."""
-        for plan in self._plans.values():
-            scratch = torch.empty((1, plan.width), dtype=torch.uint8, device=self._device)
-            first = torch.zeros(1, dtype=torch.long, device=self._device)
-            plan.copy(scratch, first, first, to_rows=True)
-            plan.copy(scratch, first, first, to_rows=False)
+        variant at its first launch): copy block 0 of each group (and of each group's
+        layers, for `load_layers`) out and back, unchanged."""
+        for group_id, group in self._layers.items():
+            plans = [self._plans.get(group_id), *self._layer_plans.get(group_id, [])]
+            width = sum(layer.nbytes for layer in group)
+            for plan in filter(None, plans):
+                self._round_trip_block_zero(plan, width)
         torch.cuda.synchronize(self._device)
+
+    def _round_trip_block_zero(self, plan: GroupCopyPlan, width: int) -> None:
+        scratch = torch.empty((1, width), dtype=torch.uint8, device=self._device)
+        first = torch.zeros(1, dtype=torch.long, device=self._device)
+        plan.copy(scratch, first, first, to_rows=True)
+        plan.copy(scratch, first, first, to_rows=False)
 
     @property
     def uses_kernel(self) -> bool:
@@ -294,6 +309,41 @@ class CudaBlockMover:
                 buffer.free = torch.cuda.Event()
                 buffer.free.record(self._scatter)
             self._record_reached(events, ends, begin + count)
+        return events
+
+    def loads_by_layer(self, group_id: int) -> bool:
+        """True if `load_layers` can move this group."""
+        return group_id in self._layer_plans
+
+    def load_layers(
+        self,
+        group_id: int,
+        slots: Sequence[int],
+        blocks: Sequence[int],
+        pool: torch.Tensor,
+        order: Sequence[int],
+    ) -> list[torch.cuda.Event]:
+        """Copy rows `slots` of `pool` into GPU `blocks` one layer at a time, the
+        group's layers in `order` (indices), each by one kernel that reads that layer's
+        bytes of the rows over PCIe; one event per entry of `order`, complete once that
+        layer has landed (and every layer before it in `order`).
+
+        The caller makes each layer's readers wait for its event.
+        """
+        plans = self._layer_plans[group_id]
+        stream = self._fetch
+        stream.wait_stream(torch.cuda.current_stream(self._device))
+        events: list[torch.cuda.Event] = []
+        with torch.cuda.stream(stream):
+            block_ids = _index(blocks, self._device)
+            row_ids = _index(slots, self._device)
+            for layer in order:
+                plans[layer].copy(
+                    pool, row_ids, block_ids, to_rows=False, programs=self._host_programs
+                )
+                event = torch.cuda.Event()
+                event.record(stream)
+                events.append(event)
         return events
 
     def _record_reached(

@@ -113,7 +113,7 @@ class OffloadScheduler:
         self._same_step = same_step_loads and not self._state_groups
         if same_step_loads and self._state_groups:
             logger.info(
-                "load_mode=same_step: this model has state (Mamba) groups %s, whose state "
+                "load_mode=same_step/layer_wise: this model has state (Mamba) groups %s, whose state "
                 "vLLM copies before a same-step load lands; loads stay asynchronous",
                 self._state_groups,
             )

@@ -107,7 +107,7 @@ class OffloadSpec:
             self.tensor_parallel_size,
             self.kv_cache_config,
             self.cost_model(),
-            same_step_loads=self.config.load_mode == "same_step",
+            same_step_loads=self.config.load_mode != "async",
         )
         self._warn_if_hashes_change()
         store_config = self.store_config
@@ -128,7 +128,9 @@ class OffloadSpec:
         """The worker side of tensor-parallel rank `rank` (imports torch)."""
         from .worker import OffloadWorker
 
-        return OffloadWorker(self.store_config, self.layout, rank)
+        return OffloadWorker(
+            self.store_config, self.layout, rank, layer_wise=self.config.load_mode == "layer_wise"
+        )
 
     def _warn_if_hashes_change(self) -> None:
         if not self.config.has_l2:

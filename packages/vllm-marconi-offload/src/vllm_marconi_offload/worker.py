@@ -4,7 +4,9 @@ Runs in each vLLM worker process. Loads start in `start_load_kv`: the requests o
 asynchronous load wait in WAITING_FOR_REMOTE_KVS, so no forward pass reads them before
 they are reported; a same-step load's request is in this step's batch, so the step's
 forward waits for the load (on the GPU, its stream waits for the load's events). Stores
-start in `wait_for_save`, after the forward.
+start in `wait_for_save`, after the forward. With `load_mode="layer_wise"` a same-step load
+lands layer by layer where vLLM runs the step's attention layers eagerly, each waiting only
+for its own layer (`LayerWaits`), so the load overlaps the forward.
 
 On a CUDA KV cache with a page-locked L1 both run asynchronously (`CudaBlockMover`): a
 load is reported finished, and a store committed, only once its events have completed, so
@@ -31,6 +33,7 @@ from kvpool_mmap import StoreConfig, open_l1_rank
 from .block_copy import BlockCopier, physical_layout
 from .config import ConfigError, user_keys
 from .cuda_mover import CudaBlockMover, staging_bytes_from_env
+from .layer_waits import LayerWaits
 from .layout import SlotLayout
 from .log import logger
 from .metadata import OffloadMetadata, TransferJob, WorkerReport
@@ -61,10 +64,17 @@ def copy_mode_from_env() -> str:
 class OffloadWorker:
     """Executes the scheduler's transfer jobs against this rank's L1 file."""
 
-    def __init__(self, store_config: StoreConfig, layout: SlotLayout, rank: int) -> None:
+    def __init__(
+        self, store_config: StoreConfig, layout: SlotLayout, rank: int, *, layer_wise: bool = False
+    ) -> None:
+        """`layer_wise`: same-step loads land layer by layer where the forward allows."""
         self._store_config = store_config
         self._layout = layout
         self._rank = rank
+        self._layer_wise = layer_wise
+        self._layer_waits: LayerWaits[torch.cuda.Event] = LayerWaits(
+            {group.group_id: [layer.name for layer in group.layers] for group in layout.groups}
+        )
         self._copier: BlockCopier | None = None
         self._mover: CudaBlockMover | None = None
         self._l1: object | None = None
@@ -103,6 +113,7 @@ class OffloadWorker:
                 staging_bytes_from_env(),
                 kernel=mode != "async-per-layer",
                 direct=mode == "direct",
+                by_layer=self._layer_wise,
             )
         logger.info(
             "vllm-marconi-offload worker rank %d: L1 %s, %d slots of %d bytes, %s copies",
@@ -113,13 +124,20 @@ class OffloadWorker:
             _describe(self._mover, mode),
         )
 
-    def start_loads(self, meta: OffloadMetadata) -> None:
+    def start_loads(self, meta: OffloadMetadata, *, layer_waits: bool = False) -> None:
+        """Start this step's loads. `layer_waits`: the forward will call
+        `wait_for_layer` before each attention layer it runs (vLLM runs them eagerly)."""
         self._step = meta.step
+        self._end_layer_step()
         if self._mover is not None:
             issued = time.perf_counter()
-            per_job = self._start_loads(meta.loads)
+            same_step = [job for job in meta.loads if job.same_step]
+            if layer_waits:
+                same_step = self._start_layer_loads(same_step)
+            whole = same_step + [job for job in meta.loads if not job.same_step]
+            per_job = self._start_loads(whole)
             forward = torch.cuda.current_stream()
-            for job, events in zip(meta.loads, per_job, strict=True):
+            for job, events in zip(whole, per_job, strict=True):
                 if job.same_step:
                     for event in events:
                         forward.wait_event(event)
@@ -140,6 +158,62 @@ class OffloadWorker:
                 self._finished_jobs[job.job_id] += 1
             else:
                 self._finished_loads.add(job.req_id)
+
+    def wait_for_layer(self, name: str) -> None:
+        """The forward is about to run attention layer `name`: make it wait for the
+        layer's same-step load, if one is in flight."""
+        event = self._layer_waits.called(name)
+        if event is not None:
+            torch.cuda.current_stream().wait_event(event)
+
+    def _end_layer_step(self) -> None:
+        """Close the last step's layer waits (learning the forward's layer order from the
+        first step that made any); a layer the forward skipped is waited for now."""
+        learned = self._layer_waits.learned
+        missed = self._layer_waits.end_step()
+        if self._layer_wise and not learned and self._layer_waits.learned:
+            logger.info(
+                "vllm-marconi-offload worker rank %d: load_mode=layer_wise: the forward waits "
+                "for %d of %d layers one by one; %s",
+                self._rank,
+                *self._layer_waits.waiting_layers(),
+                _describe_layer_groups(self._layer_waits, self._mover, self._layout),
+            )
+        if missed:
+            logger.warning(
+                "vllm-marconi-offload worker rank %d: the forward did not wait for %d loaded "
+                "layers; later kernels wait for them now",
+                self._rank,
+                len(missed),
+            )
+            forward = torch.cuda.current_stream()
+            for event in missed:
+                forward.wait_event(event)
+
+    def _start_layer_loads(self, jobs: list[TransferJob]) -> list[TransferJob]:
+        """Issue same-step `jobs` layer by layer if every group they touch can (its layer
+        order is known and the mover moves single layers); return the jobs left to load
+        whole (all or none). Issued jobs are in flight until their last layer lands."""
+        if not jobs or not self._layer_wise:
+            return jobs
+        assert self._mover is not None
+        assert self._pool is not None
+        grouped = _by_group(jobs)
+        orders = {group_id: self._layer_waits.forward_order(group_id) for group_id in grouped}
+        if any(
+            order is None or not self._mover.loads_by_layer(group_id)
+            for group_id, order in orders.items()
+        ):
+            return jobs
+        last: list[torch.cuda.Event] = []
+        for group_id, (blocks, slots, _) in grouped.items():
+            order = orders[group_id]
+            assert order is not None
+            events = self._mover.load_layers(group_id, slots, blocks, self._pool, order)
+            self._layer_waits.expect(group_id, order, events)
+            last.append(events[-1])
+        self._jobs_in_flight += [(job.job_id, last) for job in jobs]
+        return []
 
     def run_stores(self, meta: OffloadMetadata) -> None:
         if self._mover is not None:
@@ -238,6 +312,19 @@ def _by_group(jobs: list[TransferJob]) -> dict[int, tuple[list[int], list[int], 
             ends.append(len(blocks))
         grouped[group_id] = (blocks, slots, ends)
     return grouped
+
+
+def _describe_layer_groups(
+    waits: LayerWaits[torch.cuda.Event], mover: CudaBlockMover | None, layout: SlotLayout
+) -> str:
+    """Which groups' same-step loads land layer by layer, for the log line."""
+    if mover is None:
+        return "loads land whole (this worker copies synchronously)"
+    groups = [group.group_id for group in layout.groups]
+    able = [g for g in groups if waits.forward_order(g) is not None and mover.loads_by_layer(g)]
+    if not able:
+        return "loads land whole (no group can move layer by layer)"
+    return f"same-step loads of KV-cache groups {able} of {groups} land layer by layer"
 
 
 def _describe(mover: CudaBlockMover | None, mode: str) -> str:
