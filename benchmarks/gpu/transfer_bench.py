@@ -88,7 +88,10 @@ class Bench:
     """One worker on one KV cache; stores and loads `blocks` blocks per job."""
 
     def __init__(self, num_gpu_blocks: int, blocks: int, mode: str, device: str) -> None:
-        os.environ[COPY_ENV] = mode
+        # `layer-wise`: the async path's stores, loads as `load_mode=layer_wise` issues them
+        # (same-step, one kernel per layer), each layer waited for as the forward would.
+        self.layer_wise = mode == "layer-wise"
+        os.environ[COPY_ENV] = "async" if self.layer_wise else mode
         self.caches = kv_caches(num_gpu_blocks, device)
         self.layout = layout_for(list(self.caches), num_gpu_blocks)
         config = StoreConfig(
@@ -100,8 +103,9 @@ class Bench:
             ),
             tp_size=model_8b.TP,
         )
-        self.worker = OffloadWorker(config, self.layout, rank=RANK)
+        self.worker = OffloadWorker(config, self.layout, rank=RANK, layer_wise=self.layer_wise)
         self.worker.register_kv_caches(self.caches)
+        self.forward()  # what teaches the worker the forward's layer order
         self._mover = self.worker._mover  # compute_beside_load varies it
         self.pool = self.worker._pool
         assert self.pool is not None
@@ -110,10 +114,16 @@ class Bench:
         self.jobs = 0
         self.issue_s: list[float] = []
 
-    def job(self, gpu_blocks: list[int], slots: list[int]) -> TransferJob:
+    def forward(self) -> None:
+        """Each attention layer's hook, in order, as a forward run eagerly calls them."""
+        for name in self.caches:
+            self.worker.wait_for_layer(name)
+
+    def job(self, gpu_blocks: list[int], slots: list[int], *, load: bool = False) -> TransferJob:
         self.jobs += 1
         transfer = BlockTransfer(0, tuple(gpu_blocks), tuple(slots))
-        return TransferJob(self.jobs, f"req-{self.jobs}", (transfer,))
+        same_step = load and self.layer_wise
+        return TransferJob(self.jobs, f"req-{self.jobs}", (transfer,), same_step=same_step)
 
     def store(self, gpu_blocks: list[int], slots: list[int]) -> None:
         meta = OffloadMetadata(stores=[self.job(gpu_blocks, slots)])
@@ -127,15 +137,18 @@ class Bench:
         per_job = len(slots) // jobs
         meta = OffloadMetadata(
             loads=[
-                self.job(gpu_blocks[i : i + per_job], slots[i : i + per_job])
+                self.job(gpu_blocks[i : i + per_job], slots[i : i + per_job], load=True)
                 for i in range(0, per_job * jobs, per_job)
             ]
         )
         start = time.perf_counter()
-        self.worker.start_loads(meta)
+        self.worker.start_loads(meta, layer_waits=self.layer_wise)
         self.issue_s.append(time.perf_counter() - start)
+        if self.layer_wise:
+            self.forward()
         self.worker.drain()
-        assert self.worker.take_finished_loads()
+        done = self.worker.take_report() if self.layer_wise else self.worker.take_finished_loads()
+        assert done
 
     def issued(self, fn: Callable[[], None], reps: int, nbytes: int) -> dict[str, float]:
         """`rate` of `fn`, plus the median host time spent issuing it."""
@@ -279,7 +292,9 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=1024)
     parser.add_argument("--gpu-blocks", type=int, default=4096)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--modes", default="async-per-layer,async,direct")
+    parser.add_argument(
+        "--modes", default="async-per-layer,async,direct", help="copy modes, or layer-wise"
+    )
     parser.add_argument("--wave", type=int, default=0, help="jobs per step in the wave test")
     parser.add_argument("--cpu-smoke", action="store_true", help="check the script on CPU")
     parser.add_argument(

@@ -2,8 +2,9 @@
 
 plain:  cold prefill, (a) HBM prefix hit (right after the cold prefill, and again after a
         second's pause), (d) recompute after the HBM prefix cache reset.
-ours:   cold prefill (with our stores), (b) L1 hit after an HBM reset, then (c) L2 hit
-        after other prompts pushed the prompt out of L1 (L1 5 GiB, L2 on local disk).
+ours:   cold prefill (with our stores), (b) L1 hit after an HBM reset, 8 greedy tokens of
+        another prompt cold and from L1 (`tokens.identical`), then (c) L2 hit after other
+        prompts pushed the prompt out of L1 (L1 5 GiB, L2 on local disk).
 native: cold prefill, (e) vLLM's OffloadingConnector CPU hit after an HBM reset.
 
 One request at a time, max_tokens=1, random token ids. Each mode runs in its own process.
@@ -49,6 +50,7 @@ class Engine:
         self.llm = LLM(**args)
         self.startup_s = round(time.time() - start, 1)
         self.params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        self.greedy8 = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
     def ttft(self, ids: list[int]) -> tuple[float, int]:
         """(milliseconds to the first token, prompt tokens served from a cache)."""
@@ -59,6 +61,11 @@ class Engine:
         start = time.perf_counter()
         out = self.llm.generate([{"prompt_token_ids": ids}], self.params, use_tqdm=False)[0]
         return round((time.perf_counter() - start) * 1e3, 1), int(out.num_cached_tokens or 0)
+
+    def tokens(self, ids: list[int]) -> tuple[list[int], int]:
+        """(8 greedy tokens, prompt tokens served from a cache)."""
+        out = self.llm.generate([{"prompt_token_ids": ids}], self.greedy8, use_tqdm=False)[0]
+        return list(out.outputs[0].token_ids), int(out.num_cached_tokens or 0)
 
     def reset_hbm(self) -> None:
         time.sleep(0.5)  # lets in-flight stores commit (the engine steps until they do)
@@ -89,6 +96,7 @@ def measure(engine: Engine, mode: str, n: int) -> dict[str, Any]:
     r[f"{key}_started_at"] = starts
     r[f"{key}_ms"] = statistics.median(times)
     if mode == "ours":
+        r["tokens"] = l1_hit_tokens(engine, prompt(rng, n))
         pushers = math.ceil(PUSH_BYTES / (n * model_8b.KV_BYTES_PER_TOKEN))
         for _ in range(pushers):
             engine.ttft(prompt(rng, n))
@@ -98,6 +106,15 @@ def measure(engine: Engine, mode: str, n: int) -> dict[str, Any]:
     other = prompt(rng, n)
     r["cold2_ms"], _ = engine.ttft(other)
     return r
+
+
+def l1_hit_tokens(engine: Engine, ids: list[int]) -> dict[str, Any]:
+    """8 greedy tokens of a new prompt computed cold, then again served from L1 after an
+    HBM reset: identical, and how much of the prompt the hit served."""
+    cold, _ = engine.tokens(ids)
+    engine.reset_hbm()
+    hit, cached = engine.tokens(ids)
+    return {"identical": cold == hit, "hit_cached": cached, "cold": cold, "hit": hit}
 
 
 def main() -> None:
