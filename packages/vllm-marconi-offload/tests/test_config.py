@@ -16,7 +16,7 @@ def test_defaults_are_single_tier_anonymous_auto() -> None:
     assert config.eviction_options == {}
     assert config.admission_threshold == 1
     assert config.l1_overflow == "demote"
-    assert config.load_mode == "same_step"
+    assert config.load_mode == "layer_wise"
 
 
 def test_marconi_when_asked_for_is_the_seeds() -> None:
@@ -79,7 +79,10 @@ def test_seed_quickstart_config_is_accepted() -> None:
         ({"cpu_pool_path": ""}, "cpu_pool_path must be an absolute directory path"),
         ({"cpu_bytes": 1}, "unknown key(s) ['cpu_bytes']"),
         ({"l1_overflow": "refuse"}, "l1_overflow must be one of ['drop_unwritten', 'demote']"),
-        ({"load_mode": "sync"}, "load_mode must be one of ['async', 'same_step', 'layer_wise'], got 'sync'"),
+        (
+            {"load_mode": "sync"},
+            "load_mode must be one of ['async', 'same_step', 'layer_wise'], got 'sync'",
+        ),
     ],
 )
 def test_bad_values_name_the_key(extra: dict[str, object], message: str) -> None:

@@ -69,7 +69,7 @@ class OffloadConfig:
     # forward waits for the load on the GPU), "layer_wise" (as same_step, but on CUDA each
     # attention layer vLLM runs eagerly waits only for its own layer's load) or "async" (a
     # request waits, out of the batch, until its load has landed).
-    load_mode: str = "same_step"
+    load_mode: str = "layer_wise"
     # Log a `[CPU-OFFLOAD HIT]` line every this many finished lookups.
     hit_log_interval: int = 10
     # Read bandwidth (bytes/s) assumed for L2 until measured; used to decide whether an
@@ -118,7 +118,7 @@ class OffloadConfig:
             l1_overflow=cast(
                 L1Overflow, _choice(extra, "l1_overflow", "demote", L1_OVERFLOW_MODES)
             ),
-            load_mode=_choice(extra, "load_mode", "same_step", LOAD_MODES),
+            load_mode=_choice(extra, "load_mode", "layer_wise", LOAD_MODES),
             hit_log_interval=_int(extra, "hit_log_interval", 10, minimum=1),
             l2_read_bytes_per_s=_float(extra, "l2_read_bytes_per_s", 1.5e9, minimum=1.0),
             prefill_tokens_per_s=_float(extra, "prefill_tokens_per_s", 0.0, minimum=0.0),
