@@ -24,7 +24,7 @@ L1_DIR = "/dev/shm/marconi-bench-l1"
 # `GPU_BENCH_L1_OVERFLOW=demote` runs ours with the seed's full-L1 behaviour (the
 # connector's `l1_overflow` key; default: the connector's default, "demote").
 L1_OVERFLOW = os.environ.get("GPU_BENCH_L1_OVERFLOW")
-# `GPU_BENCH_LOAD_MODE=async` (or `same_step`) runs ours with the connector's `load_mode` key set so.
+# `GPU_BENCH_LOAD_MODE=async` (or `same_step`, `layer_wise`) runs ours with the connector's `load_mode` key set so.
 LOAD_MODE = os.environ.get("GPU_BENCH_LOAD_MODE")
 
 CONFIG = {
