@@ -162,6 +162,8 @@ class OffloadWorker:
     def wait_for_layer(self, name: str) -> None:
         """The forward is about to run attention layer `name`: make it wait for the
         layer's same-step load, if one is in flight."""
+        if not self._layer_wise:
+            return
         event = self._layer_waits.called(name)
         if event is not None:
             torch.cuda.current_stream().wait_event(event)
@@ -177,7 +179,7 @@ class OffloadWorker:
                 "for %d of %d layers one by one; %s",
                 self._rank,
                 *self._layer_waits.waiting_layers(),
-                _describe_layer_groups(self._layer_waits, self._mover, self._layout),
+                self._describe_layer_groups(),
             )
         if missed:
             logger.warning(
@@ -199,11 +201,8 @@ class OffloadWorker:
         assert self._mover is not None
         assert self._pool is not None
         grouped = _by_group(jobs)
-        orders = {group_id: self._layer_waits.forward_order(group_id) for group_id in grouped}
-        if any(
-            order is None or not self._mover.loads_by_layer(group_id)
-            for group_id, order in orders.items()
-        ):
+        orders = {group_id: self._layer_order(group_id) for group_id in grouped}
+        if any(order is None for order in orders.values()):
             return jobs
         last: list[torch.cuda.Event] = []
         for group_id, (blocks, slots, _) in grouped.items():
@@ -214,6 +213,24 @@ class OffloadWorker:
             last.append(events[-1])
         self._jobs_in_flight += [(job.job_id, last) for job in jobs]
         return []
+
+    def _layer_order(self, group_id: int) -> list[int] | None:
+        """The order in which a load of this group lands layer by layer, or None if it
+        cannot (the forward's order is not known for all its layers, or the mover cannot
+        move single layers)."""
+        if self._mover is None or not self._mover.loads_by_layer(group_id):
+            return None
+        return self._layer_waits.forward_order(group_id)
+
+    def _describe_layer_groups(self) -> str:
+        """Which groups' same-step loads land layer by layer, for the log line."""
+        if self._mover is None:
+            return "loads land whole (this worker copies synchronously)"
+        groups = [group.group_id for group in self._layout.groups]
+        able = [g for g in groups if self._layer_order(g) is not None]
+        if not able:
+            return "loads land whole (no group can move layer by layer)"
+        return f"same-step loads of KV-cache groups {able} of {groups} land layer by layer"
 
     def run_stores(self, meta: OffloadMetadata) -> None:
         if self._mover is not None:
@@ -312,19 +329,6 @@ def _by_group(jobs: list[TransferJob]) -> dict[int, tuple[list[int], list[int], 
             ends.append(len(blocks))
         grouped[group_id] = (blocks, slots, ends)
     return grouped
-
-
-def _describe_layer_groups(
-    waits: LayerWaits[torch.cuda.Event], mover: CudaBlockMover | None, layout: SlotLayout
-) -> str:
-    """Which groups' same-step loads land layer by layer, for the log line."""
-    if mover is None:
-        return "loads land whole (this worker copies synchronously)"
-    groups = [group.group_id for group in layout.groups]
-    able = [g for g in groups if waits.forward_order(g) is not None and mover.loads_by_layer(g)]
-    if not able:
-        return "loads land whole (no group can move layer by layer)"
-    return f"same-step loads of KV-cache groups {able} of {groups} land layer by layer"
 
 
 def _describe(mover: CudaBlockMover | None, mode: str) -> str:
