@@ -26,7 +26,14 @@ def test_direct_spec_round_trips_within_and_across_processes(
             {"reset_prefix_cache": True, "prompts": PROMPTS},
         ],
     }
-    first = start_engine(spec, **memkv.env()).result()
+    engine = start_engine(
+        {**spec, "phases": [spec["phases"][0], {**spec["phases"][1], "pause": True}]},
+        **memkv.env(),
+    )
+    engine.wait_paused(1)
+    memkv.wait_for_items(13)  # P1 (6 blocks), P2 (2 more), P3 (5): all stored
+    engine.resume(1)
+    first = engine.result()
     assert first.tokens(0) == memkv_baseline.tokens(0)
     assert first.tokens(1) == memkv_baseline.tokens(0)
     assert first.cached(1)[0] == 6 * BLOCK, first.cached(1)

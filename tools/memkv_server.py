@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,19 @@ class MemKVServer:
         with memkv_client.Client(servers=[self.address], transport="tcp") as client:
             result: dict[str, Any] = client.stats(0)
             return result
+
+    def items(self) -> int:
+        """Values the server holds, over all lanes."""
+        return sum(int(lane["items"]) for lane in self.stats()["store"]["lanes"])
+
+    def wait_for_items(self, count: int, timeout: float = 60.0) -> None:
+        """Wait until the server holds at least `count` values: an engine's stores are
+        asynchronous, and its `generate` returns before the last of them has landed."""
+        deadline = time.monotonic() + timeout
+        while (held := self.items()) < count:
+            if time.monotonic() > deadline:
+                pytest.fail(f"MemKV holds {held} values after {timeout} s, expected {count}")
+            time.sleep(0.2)
 
 
 @pytest.fixture
