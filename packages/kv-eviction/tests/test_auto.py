@@ -325,3 +325,37 @@ def test_auto_keeps_part_of_every_session_when_sessions_cycle_beyond_the_cache()
     assert lru == 0.0
     assert marconi > 0.35
     assert rate > 0.2, f"auto {rate:.3f} on {auto.candidate.name}"
+
+
+def test_auto_hits_sessions_in_a_cycle_from_the_first_warm_round() -> None:
+    """Cold start: until the first hit `auto` keeps every session's first blocks (the
+    Marconi shape), so the first warm round of a cycle longer than the cache hits as
+    the Marconi rule does; starting as LRU it kept nothing there."""
+    trace = cycle(count=24, context_tokens=640, turn_tokens=32, output_tokens=16, rounds=2)
+    marconi = simulate(trace, make_policy("marconi"), 600).token_hit_rate
+    rate = simulate(trace, AutoPolicy(), 600).token_hit_rate
+    assert marconi > 0.25
+    assert rate >= marconi - 0.005, f"auto {rate:.3f}, marconi {marconi:.3f}"
+
+
+def test_auto_cold_start_becomes_lru_at_a_hit_before_any_eviction() -> None:
+    """A hit before the cache ever filled: every rule holds the same keys, so the cold
+    rule gives way to `lru` at no cost."""
+    auto = AutoPolicy()
+    assert auto.current.depth_weight > 0  # cold: the Marconi shape
+    for key in range(100):
+        auto.insert(key)
+    auto.touch(5)
+    assert auto.current.name == "lru"
+
+
+def test_auto_cold_start_stays_on_trial_after_evictions() -> None:
+    """A first hit after evictions keeps the cold rule; the shadows decide from there."""
+    auto = AutoPolicy()
+    for key in range(4096):
+        auto.insert(key)
+    for key in range(4096, 8192):
+        auto.pop_victims(1)
+        auto.insert(key)
+    auto.touch(8000)
+    assert auto.current.depth_weight > 0

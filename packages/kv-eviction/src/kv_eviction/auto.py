@@ -32,9 +32,18 @@ candidates) `auto` is LRU. The leader becomes the main rule after leading
 phases cause little churn (a switch costs hits while the cache re-forms). The first
 candidate, `lru`, is the safe default: as soon as it leads the current rule, the policy
 falls back to it. A switch re-keys the tracked keys `RESCORE_STEP` per later operation
-(no stall; victims mix both orders until the pass ends, within C / 2 operations). It starts as
-`lru`, and the shadows start with the first insert (unbounded until the first eviction
-tells the capacity), so they are warm when the first decision is due.
+(no stall; victims mix both orders until the pass ends, within C / 2 operations). The
+shadows start with the first insert (unbounded until the first eviction tells the
+capacity), so they are warm when the first decision is due.
+
+**Cold start.** Until the first hit, no rule can be told from another, but evictions
+still decide what the cache holds when reuse begins. Over that stretch the main cache
+uses the first depth-weighted candidate (the Marconi shape): it keeps the first blocks of
+every prefix, which serve sessions that come back in any order, where LRU keeps only the
+latest (nothing, when sessions come back in a cycle longer than the cache). The first hit
+ends the cold start: if nothing was evicted yet, every rule would hold the same keys, and
+the policy becomes `lru` at no cost; otherwise the shadows decide from there, as after any
+switch (`lru` too, below 32 / R blocks, where they cannot).
 
 A doorkeeper rule needs a ghost of evicted keys; the main cache keeps one from the first
 epoch in which a doorkeeper leads until it switches to a rule without one, and looks a
@@ -104,6 +113,7 @@ class AutoPolicy(CandidatePolicy):
     # see ChainHeapPolicy's slots: auto has about 60 attributes
     __slots__ = (
         "_budget_rate",
+        "_cold",
         "_compared",
         "_current",
         "_due",
@@ -181,9 +191,14 @@ class AutoPolicy(CandidatePolicy):
         """Epochs averaged into the leads since they were last reset (at a switch)."""
         self._rescore_next = 0
         self._rescore_end = 0
-        self._due = self._epoch_length
+        self._cold = _cold_start_rule(self.candidates)
+        """The rule used until the first hit (0: none, the policy starts as `lru`)."""
+        if self._cold:
+            self._current = self._cold
+            self._set_rule(self.current, 0)
+        self._due = 0 if self._cold else self._epoch_length
         """`_seq` at which `_due_work` runs next: the epoch's end, or at once while a
-        re-scoring pass is pending."""
+        re-scoring pass is pending or the cold start lasts."""
 
     # --- what the owner calls --------------------------------------------------------
 
@@ -212,6 +227,8 @@ class AutoPolicy(CandidatePolicy):
         return victims
 
     def _due_work(self) -> None:
+        if self._cold and self._touches:
+            self._end_cold_start()
         if self._rescore_next < self._rescore_end:
             self._rescore_step()
         if self._seq - self._epoch_start >= self._epoch_length:
@@ -219,9 +236,19 @@ class AutoPolicy(CandidatePolicy):
         self._set_due()
 
     def _set_due(self) -> None:
-        """Due work at once while a re-scoring pass is pending, else at the epoch's end."""
-        pending = self._rescore_next < self._rescore_end
+        """Due work at once while a re-scoring pass is pending or the cold start lasts,
+        else at the epoch's end."""
+        pending = self._rescore_next < self._rescore_end or self._cold
         self._due = 0 if pending else self._epoch_start + self._epoch_length
+
+    def _end_cold_start(self) -> None:
+        """The first hit: `lru` if nothing was evicted yet (every rule holds the same keys)
+        or the shadows are too coarse to decide; else the cold rule stays, on trial."""
+        self._cold = 0
+        coarse = self._shadows[0].limit < self.min_shadow_keys
+        if not self.capacity or coarse:
+            self._current = 0
+            self.start_rescore(self.current, self.capacity)
 
     def start_rescore(self, candidate: Candidate, capacity: int) -> None:
         """Switch rule and/or capacity; existing keys are re-keyed a few per operation.
@@ -425,6 +452,14 @@ class AutoPolicy(CandidatePolicy):
         self._compared = 0
         self._update_ghost()
         self.start_rescore(self.current, self.capacity)
+
+
+def _cold_start_rule(candidates: Sequence[Candidate]) -> int:
+    """Index of the first candidate after the first that weights prefix depth, else 0."""
+    for index, candidate in enumerate(candidates[1:], start=1):
+        if candidate.reuse != "recency" and candidate.depth_weight > 0:
+            return index
+    return 0
 
 
 def _build(**options: Any) -> AutoPolicy:
