@@ -26,6 +26,8 @@ L1_DIR = "/dev/shm/marconi-bench-l1"
 L1_OVERFLOW = os.environ.get("GPU_BENCH_L1_OVERFLOW")
 # `GPU_BENCH_LOAD_MODE=async` (or `same_step`, `layer_wise`) runs ours with the connector's `load_mode` key set so.
 LOAD_MODE = os.environ.get("GPU_BENCH_LOAD_MODE")
+# `GPU_BENCH_EVICTION_POLICY=marconi` (or `lru`, ...) sets the connector's `eviction_policy`.
+EVICTION_POLICY = os.environ.get("GPU_BENCH_EVICTION_POLICY")
 
 CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -145,7 +147,11 @@ def result_name(stem: str) -> str:
 
 
 def env_settings() -> dict[str, str]:
-    """Ours' `l1_overflow` and `load_mode` settings from GPU_BENCH_L1_OVERFLOW and
-    GPU_BENCH_LOAD_MODE, where those are set."""
-    keys = {"l1_overflow": L1_OVERFLOW, "load_mode": LOAD_MODE}
+    """Ours' `l1_overflow`, `load_mode` and `eviction_policy` settings from
+    GPU_BENCH_L1_OVERFLOW, GPU_BENCH_LOAD_MODE and GPU_BENCH_EVICTION_POLICY, where set."""
+    keys = {
+        "l1_overflow": L1_OVERFLOW,
+        "load_mode": LOAD_MODE,
+        "eviction_policy": EVICTION_POLICY,
+    }
     return {key: value for key, value in keys.items() if value}
