@@ -7,7 +7,7 @@ prefixes come back from host memory. Reports wall time and cached tokens per rou
 
 Usage: python multiturn_bench.py MODE [SESSIONS] [CONTEXT] [ROUNDS]
 MODE: plain | ideal (no offload, HBM KV 64 GiB: every session stays resident) | ours |
-ours-l2 (L1 16 GiB + L2 40 GiB on local disk) | native (OffloadingConnector) |
+ours-l2 (L1 16 GiB + L2 40 GiB on local disk) | ours-l1 (the same L1 alone) | native (OffloadingConnector) |
 simple (SimpleCPUOffloadConnector). Writes $OUT/multiturn-MODE.json.
 """
 
@@ -49,6 +49,8 @@ def main() -> None:
     args = model_8b.engine_args(max_model_len=32768, kv_cache_memory_bytes=hbm, max_num_seqs=64)
     if mode == "ours-l2":
         transfer = model_8b.kv_transfer("ours", L2_VARIANT_L1_BYTES, L2_DIR, L2_VARIANT_L2_BYTES)
+    elif mode == "ours-l1":
+        transfer = model_8b.kv_transfer("ours", L2_VARIANT_L1_BYTES)
     else:
         transfer = model_8b.kv_transfer(mode, CPU_TIER_BYTES)
     if transfer is not None:
