@@ -41,9 +41,10 @@ still decide what the cache holds when reuse begins. Over that stretch the main 
 uses the first depth-weighted candidate (the Marconi shape): it keeps the first blocks of
 every prefix, which serve sessions that come back in any order, where LRU keeps only the
 latest (nothing, when sessions come back in a cycle longer than the cache). The first hit
-ends the cold start: if nothing was evicted yet, every rule would hold the same keys, and
-the policy becomes `lru` at no cost; otherwise the shadows decide from there, as after any
-switch (`lru` too, below 32 / R blocks, where they cannot).
+ends the cold start (noticed at the next shadow replay or eviction): if nothing was
+evicted yet, every rule would hold the same keys, and the policy becomes `lru` at no cost;
+otherwise the shadows decide from there, as after any switch. Below 32 / R blocks, where
+they cannot, the cold start ends at the first eviction, in `lru`.
 
 A doorkeeper rule needs a ghost of evicted keys; the main cache keeps one from the first
 epoch in which a doorkeeper leads until it switches to a rule without one, and looks a
@@ -196,9 +197,9 @@ class AutoPolicy(CandidatePolicy):
         if self._cold:
             self._current = self._cold
             self._set_rule(self.current, 0)
-        self._due = 0 if self._cold else self._epoch_length
+        self._due = self._epoch_length
         """`_seq` at which `_due_work` runs next: the epoch's end, or at once while a
-        re-scoring pass is pending or the cold start lasts."""
+        re-scoring pass is pending."""
 
     # --- what the owner calls --------------------------------------------------------
 
@@ -219,6 +220,8 @@ class AutoPolicy(CandidatePolicy):
         size = len(self._index)
         if size > self._resize_above or size < self._resize_below:
             self._resize(size)
+        if self._cold and (self._touches or self._coarse()):
+            self._end_cold_start()
         if self._rescore_next < self._rescore_end:
             self._rescore_step()
         victims = ChainHeapPolicy.pop_victims(self, n)  # one call layer fewer than super()
@@ -227,8 +230,6 @@ class AutoPolicy(CandidatePolicy):
         return victims
 
     def _due_work(self) -> None:
-        if self._cold and self._touches:
-            self._end_cold_start()
         if self._rescore_next < self._rescore_end:
             self._rescore_step()
         if self._seq - self._epoch_start >= self._epoch_length:
@@ -236,19 +237,25 @@ class AutoPolicy(CandidatePolicy):
         self._set_due()
 
     def _set_due(self) -> None:
-        """Due work at once while a re-scoring pass is pending or the cold start lasts,
-        else at the epoch's end."""
-        pending = self._rescore_next < self._rescore_end or self._cold
+        """Due work at once while a re-scoring pass is pending, else at the epoch's end."""
+        pending = self._rescore_next < self._rescore_end
         self._due = 0 if pending else self._epoch_start + self._epoch_length
 
     def _end_cold_start(self) -> None:
-        """The first hit: `lru` if nothing was evicted yet (every rule holds the same keys)
-        or the shadows are too coarse to decide; else the cold rule stays, on trial."""
+        """After the first hit (seen at the next shadow replay or eviction, so that no
+        access pays for the check), or at the first eviction of a cache too small for the
+        shadows: `lru` if nothing was evicted yet (every rule holds the same keys) or the
+        shadows are too coarse to decide; else the cold rule stays."""
         self._cold = 0
-        coarse = self._shadows[0].limit < self.min_shadow_keys
-        if not self.capacity or coarse:
+        if not self._evictions or self._coarse():
             self._current = 0
             self.start_rescore(self.current, self.capacity)
+            if not self._evictions:
+                self.finish_rescore()  # the first victims come in LRU's order
+
+    def _coarse(self) -> bool:
+        """Whether the shadows hold too few keys to stand for the cache."""
+        return self._shadows[0].limit < self.min_shadow_keys
 
     def start_rescore(self, candidate: Candidate, capacity: int) -> None:
         """Switch rule and/or capacity; existing keys are re-keyed a few per operation.
@@ -257,6 +264,10 @@ class AutoPolicy(CandidatePolicy):
         re-scored `RESCORE_STEP` per operation (insert, touch or pop), so a switch never
         stalls the owner. Until the pass ends, victims mix both rules' orders.
         """
+        self._cold = 0  # the rule is chosen now
+        self._rekey(candidate, capacity)
+
+    def _rekey(self, candidate: Candidate, capacity: int) -> None:
         self._set_rule(candidate, capacity)
         self._rescore_next = 0
         self._rescore_end = len(self._keys)
@@ -336,6 +347,8 @@ class AutoPolicy(CandidatePolicy):
     def _replay(self) -> None:
         """Every shadow replays the queued sampled accesses; wins and losses against the
         current rule's shadow, access by access (bit i of a hit mask is access i)."""
+        if self._cold and self._touches:
+            self._end_cold_start()
         batch = self._pending
         if not batch:
             return
@@ -380,7 +393,7 @@ class AutoPolicy(CandidatePolicy):
             # the decay of the old capacity until touched (at most 25% off), no O(n) pass
             self._set_rule(self.candidate, capacity)
         else:
-            self.start_rescore(self.current, capacity)
+            self._rekey(self.current, capacity)  # the cold start, if on, goes on
         if self.ghost is not None:
             self.set_ghost(capacity)
         limit = max(1, int(capacity * self._rate))
