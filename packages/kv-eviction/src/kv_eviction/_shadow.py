@@ -63,7 +63,9 @@ class Shadow:
         self.heap: list[tuple[float, int, Hashable]] = []
         self.fresh: OrderedDict[Hashable, tuple[int, int]] = OrderedDict()
         """Doorkeepers: first-time keys not hit since, oldest first -> (insert clock, depth)."""
-        self.ghost: Ghost | None = None
+        # Doorkeepers: a key is first-time unless remembered as evicted, so before the
+        # first eviction every key is (the main cache's rule too); `resize` sizes the ghost.
+        self.ghost: Ghost | None = Ghost(1) if candidate.doorkeeper else None
         self.limit = 1 << 62
         """Keys held; unbounded until the main cache's capacity is known."""
         self.capacity = 0
@@ -117,7 +119,7 @@ class Shadow:
     # a replay. `tests/test_auto.py` pins that they evict exactly as `_evict` does.
 
     def _replay_lru(self, batch: Sequence[Access]) -> int:
-        # no ghost: nothing is first-time (`fresh` stays empty), plain LRU
+        # no ghost (no doorkeeper): nothing is first-time (`fresh` stays empty), plain LRU
         order = self.order
         limit = self.limit
         hits = 0
