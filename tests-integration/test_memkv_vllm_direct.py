@@ -22,14 +22,12 @@ def test_direct_spec_round_trips_within_and_across_processes(
         "kv_transfer_config": direct_config(),
         "phases": [
             {"prompts": PROMPTS},
-            # vLLM's own prefix cache is emptied: every hit must come back from MemKV
-            {"reset_prefix_cache": True, "prompts": PROMPTS},
+            # vLLM's own prefix cache is emptied: every hit must come back from MemKV;
+            # the pause lets the test wait until phase 1's last stores have landed
+            {"reset_prefix_cache": True, "prompts": PROMPTS, "pause": True},
         ],
     }
-    engine = start_engine(
-        {**spec, "phases": [spec["phases"][0], {**spec["phases"][1], "pause": True}]},
-        **memkv.env(),
-    )
+    engine = start_engine(spec, **memkv.env())
     engine.wait_paused(1)
     memkv.wait_for_items(13)  # P1 (6 blocks), P2 (2 more), P3 (5): all stored
     engine.resume(1)
@@ -94,10 +92,10 @@ def _evicting_run(
             ),
         }
         run = start_engine(spec, **memkv.env()).result()
-        lanes = memkv.stats()["store"]["lanes"]
+        totals = memkv.lane_totals("evictions", "lease_breaks")
     finally:
         memkv.stop()
-    return run, sum(int(ln["evictions"]) for ln in lanes), int(lanes[0]["lease_breaks"])
+    return run, totals["evictions"], totals["lease_breaks"]
 
 
 def test_direct_value_evicted_between_lookup_and_load_recomputes(

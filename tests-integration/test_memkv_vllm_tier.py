@@ -14,11 +14,6 @@ from vllm_env import EngineRun
 pytestmark = pytest.mark.vllm  # real vLLM engines
 
 
-def _lane_totals(stats: dict[str, Any]) -> dict[str, int]:
-    lanes = stats["store"]["lanes"]
-    return {k: sum(int(ln[k]) for ln in lanes) for k in ("hits", "misses", "items")}
-
-
 def test_tier_keeps_tokens_and_shares_blocks_across_processes(
     start_engine: Any, memkv: MemKVServer, tiny_llama: str, memkv_baseline: EngineRun
 ) -> None:
@@ -29,7 +24,7 @@ def test_tier_keeps_tokens_and_shares_blocks_across_processes(
     }
     first = start_engine(spec, **memkv.env()).result()
     assert first.tokens(0) == memkv_baseline.tokens(0)
-    stored = _lane_totals(memkv.stats())
+    stored = memkv.lane_totals("hits", "misses", "items")
     # P1 (6 blocks), P2 (2 more), P3 (5): every full block of every prompt reached MemKV
     assert stored["items"] >= 13, stored
 
@@ -38,7 +33,7 @@ def test_tier_keeps_tokens_and_shares_blocks_across_processes(
     assert second.tokens(0) == memkv_baseline.tokens(0)
     assert second.cached(0)[0] == 6 * BLOCK, second.cached(0)
     assert second.cached(0)[2] == 5 * BLOCK, second.cached(0)
-    after = _lane_totals(memkv.stats())
+    after = memkv.lane_totals("hits", "misses", "items")
     assert after["hits"] - stored["hits"] >= 11, (stored, after)  # loads served by MemKV
 
 
@@ -84,7 +79,7 @@ def test_tier_value_evicted_between_lookup_and_load_recomputes(
             ],
         }
         run = start_engine(spec, **memkv.env()).result()
-        evictions = sum(int(ln["evictions"]) for ln in memkv.stats()["store"]["lanes"])
+        evictions = memkv.lane_totals("evictions")["evictions"]
     finally:
         memkv.stop()
     assert evictions >= 6, evictions

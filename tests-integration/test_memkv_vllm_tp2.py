@@ -26,7 +26,7 @@ def test_direct_tp2_cross_instance_hits_give_identical_tokens(
     env = {**memkv.env(), **TP_ENV}
     first = start_engine(spec, **env).result()
     assert first.cached(0)[0] == 0  # MemKV was empty: A computed everything
-    items = memkv.items()
+    items = memkv.lane_totals("items")["items"]
     # P1 (6 blocks), P2 (2 more), P3 (5): one value per block and rank
     assert items >= 13 * TP, items
     assert items % TP == 0, items

@@ -62,15 +62,16 @@ class MemKVServer:
             result: dict[str, Any] = client.stats(0)
             return result
 
-    def items(self) -> int:
-        """Values the server holds, over all lanes."""
-        return sum(int(lane["items"]) for lane in self.stats()["store"]["lanes"])
+    def lane_totals(self, *counters: str) -> dict[str, int]:
+        """Each of `counters` (say "items", "hits", "evictions") summed over the lanes."""
+        lanes = self.stats()["store"]["lanes"]
+        return {name: sum(int(lane[name]) for lane in lanes) for name in counters}
 
     def wait_for_items(self, count: int, timeout: float = 60.0) -> None:
         """Wait until the server holds at least `count` values: an engine's stores are
         asynchronous, and its `generate` returns before the last of them has landed."""
         deadline = time.monotonic() + timeout
-        while (held := self.items()) < count:
+        while (held := self.lane_totals("items")["items"]) < count:
             if time.monotonic() > deadline:
                 pytest.fail(f"MemKV holds {held} values after {timeout} s, expected {count}")
             time.sleep(0.2)

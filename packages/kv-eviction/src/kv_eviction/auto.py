@@ -411,7 +411,7 @@ class AutoPolicy(CandidatePolicy):
         shrink = (1.0 - keep) * (1.0 + keep**self._compared) / (1.0 + keep)
         noise = self.switch_sigmas * math.sqrt(shadow.discord * shrink)
         margin = self.switch_margin * self._shadows[self._current].score
-        coarse = shadow.limit < self.min_shadow_keys  # too few keys to stand for the cache
+        coarse = self._coarse()
         # discord / shrink is the number of discordant accesses the average stands for;
         # below `min_discordant` the normal approximation of McNemar's test does not hold
         few = shadow.discord < self.min_discordant * shrink
