@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -106,6 +107,24 @@ def evict_a_to_l2(model: str, tmp_path: Path, **extra: object) -> dict[str, obje
     }
 
 
+def wait_for_l2_writes(folder: Path, quiet_s: float = 2.0, timeout: float = 60) -> int:
+    """Wait until the count of written blocks in the L2 pool files in `folder` has not
+    changed for `quiet_s` (a paused engine starts no writes: those in flight have landed);
+    return the count."""
+    from kvpool_mmap import inspect_pool_file, pool_files
+
+    deadline = time.monotonic() + timeout
+    held, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now = sum(inspect_pool_file(p).blocks or 0 for p in pool_files(folder))
+        if now != held:
+            held, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return held
+        time.sleep(0.05)
+    pytest.fail(f"L2 writes still landing after {timeout} s ({held} blocks)")
+
+
 def test_l2_serves_what_l1_evicted(
     tiny_llama: str, run_engine: Callable[..., EngineRun], baseline: EngineRun, tmp_path: Path
 ) -> None:
@@ -130,17 +149,31 @@ def test_l2_hit_is_recomputed_when_loading_it_would_be_slower(
 @pytest.mark.parametrize("overflow", ["drop_unwritten", "demote"])
 def test_a_recomputed_l2_hit_is_stored_into_l1_again_under_drop_unwritten(
     tiny_llama: str,
-    run_engine: Callable[..., EngineRun],
     baseline: EngineRun,
     tmp_path: Path,
     overflow: str,
 ) -> None:
     """A comes back once more after its L2 hit was recomputed: under `drop_unwritten` the
     recompute stored it into L1 again (`restores`), so it hits there, as it would without
-    an L2; `demote` left it in L2 only, so it is recomputed again."""
+    an L2; `demote` left it in L2 only, so it is recomputed again.
+
+    The engine pauses before A's recompute until every L2 write has landed: an L1 block
+    whose L2 write is in flight frees its slot only when the write lands, so on a busy
+    machine the recompute could otherwise find fewer than A's 16 slots."""
     spec = evict_a_to_l2(tiny_llama, tmp_path, l2_read_bytes_per_s=1, l1_overflow=overflow)
-    spec["phases"].append({"reset_prefix_cache": True, "prompts": [PROMPT_A]})  # type: ignore[attr-defined]
-    run = run_engine(spec)
+    phases: list[dict[str, object]] = spec["phases"]  # type: ignore[assignment]
+    phases[2]["pause"] = True
+    phases.append({"reset_prefix_cache": True, "prompts": [PROMPT_A]})
+    folder = tmp_path / "engine"
+    folder.mkdir()
+    engine = Engine(spec, folder, offline_engine_env())
+    try:
+        engine.wait_paused(2)
+        assert wait_for_l2_writes(tmp_path / "l2") >= full_blocks(PROMPT_A) // BLOCK
+        engine.resume(2)
+        run = engine.result()
+    finally:
+        engine.kill()
     assert run.cached(2) == [0]
     assert run.tokens(3) == baseline.tokens(0)[:1]
     restored = full_blocks(PROMPT_A) if overflow == "drop_unwritten" else 0
