@@ -5,7 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from memkv_client import Client, ConfigError, RdmaUnavailableError, Transport, load_config
+from memkv_client import (
+    Client,
+    ConfigError,
+    ConfigSources,
+    RawSetting,
+    RdmaUnavailableError,
+    Transport,
+    load_config,
+)
 from memkv_client.auth import user_key, user_key_path
 
 
@@ -130,3 +138,38 @@ def test_transport_auto_falls_back_with_one_info_line(caplog: pytest.LogCaptureF
 def test_transport_rdma_without_device_fails() -> None:
     with pytest.raises(RdmaUnavailableError, match="transport=rdma"):
         Client(servers=["127.0.0.1:9"], transport="rdma")
+
+
+def test_one_loader_for_the_client_and_its_plugins(tmp_path: Path) -> None:
+    """A plugin reads its own keys from the same file with the same precedence
+    (file, then `MEMKV_<KEY>`), and the file is parsed once, by `read`."""
+    cfg = tmp_path / "memkv.yaml"
+    cfg.write_text("servers: [127.0.0.1:9901]\nbackend: mooncake\n")
+    env = {"MEMKV_CONFIG": str(cfg), "MEMKV_BACKEND": "memkv", "MEMKV_REPLICAS": "2"}
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) backend"):
+        ConfigSources.read(env)  # a key nobody declared is refused
+    sources = ConfigSources.read(env, plugin_keys=["backend", "replicas"])
+    cfg.unlink()  # everything below uses what `read` parsed
+    assert sources.lookup("backend") == RawSetting(
+        "mooncake", f"MEMKV_CONFIG {cfg}", "backend", True
+    )  # the file wins over the variable
+    assert sources.lookup("replicas") == RawSetting("2", "environment", "MEMKV_REPLICAS", False)
+    assert sources.lookup("absent") is None
+    assert sources.lookup("traffic_class") is None
+    assert sources.client_config().servers == ("127.0.0.1:9901",)
+    assert sources.client_config(servers=["127.0.0.1:9902"]).servers == ("127.0.0.1:9902",)
+    rdma_env = ConfigSources.read({"MEMKV_RDMA_TRAFFIC_CLASS": "7"})
+    assert rdma_env.lookup("traffic_class") == RawSetting(
+        "7", "environment", "MEMKV_RDMA_TRAFFIC_CLASS", False
+    )
+    assert ConfigSources.read({}).path == ""
+
+
+def test_loader_errors_name_the_source(tmp_path: Path) -> None:
+    cfg = tmp_path / "memkv.yaml"
+    cfg.write_text("mtu: 9000\nbackend: x\n")
+    sources = ConfigSources.read({"MEMKV_CONFIG": str(cfg)}, plugin_keys={"backend"})
+    with pytest.raises(ConfigError, match=r"mtu in MEMKV_CONFIG .*9000 is not one of"):
+        sources.client_config()
+    with pytest.raises(ConfigError, match="MEMKV_NUM_CONNECTIONS: 0 is out of range"):
+        ConfigSources.read({"MEMKV_NUM_CONNECTIONS": "0"}).client_config()

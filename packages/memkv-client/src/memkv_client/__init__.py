@@ -6,7 +6,7 @@
 
 from ._version import __version__
 from .client import Client
-from .config import Config, Transport, load_config
+from .config import Config, ConfigSources, RawSetting, Transport, load_config
 from .errors import (
     AuthError,
     BadMacError,
@@ -35,6 +35,7 @@ __all__ = [
     "ClockDriftError",
     "Config",
     "ConfigError",
+    "ConfigSources",
     "ItemResult",
     "KeyTooLongError",
     "LocalProtocolError",
@@ -42,6 +43,7 @@ __all__ = [
     "MemKVTimeout",
     "NoSpaceError",
     "ProtocolError",
+    "RawSetting",
     "RdmaUnavailableError",
     "RemoteProtocolError",
     "ReplayError",

@@ -1,9 +1,18 @@
-"""Client configuration: `MEMKV_CONFIG` (YAML) first, then `MEMKV_*` variables, then defaults.
+"""Client configuration and the one `MEMKV_CONFIG` / `MEMKV_*` loader.
 
-Each setting is looked up in that order and the first source that has it wins; keyword
-overrides given to `Client(...)` win over all three. Every value is validated and a
-bad one raises `memkv_client.errors.ConfigError` naming the setting and its
-source. There is no licence check: a `license` entry is accepted and ignored.
+One precedence rule, for memkv-client and for every plugin that reads the same file:
+
+1. a value given in code (`Client(servers=...)`, `load_config(**overrides)`, or a
+   plugin's own config such as a vLLM `kv_connector_extra_config` entry);
+2. the key in the `MEMKV_CONFIG` YAML mapping;
+3. the environment variable `MEMKV_<KEY>` (upper case; see `env_name`);
+4. the default.
+
+`ConfigSources.read` reads and parses `MEMKV_CONFIG` once; `ConfigSources.lookup`
+applies steps 2-3 to any key, and `ConfigSources.client_config` builds the client's
+validated `Config`. A bad value raises `memkv_client.errors.ConfigError` naming the
+setting and where it came from. There is no licence check: a `license` entry is
+accepted and ignored.
 """
 
 from __future__ import annotations
@@ -11,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +29,7 @@ from .auth import check_key, parse_key
 from .errors import ConfigError
 from .sockio import parse_address
 
-__all__ = ["Config", "Transport", "load_config"]
+__all__ = ["Config", "ConfigSources", "RawSetting", "Transport", "env_name", "load_config"]
 
 
 class Transport(enum.Enum):
@@ -178,35 +187,91 @@ def _read_yaml(path: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError("MEMKV_CONFIG", f"{path!r} must hold a mapping of settings")
-    unknown = sorted(str(k) for k in data if k not in _FIELDS)
-    if unknown:
-        raise ConfigError(
-            "MEMKV_CONFIG",
-            f"unknown setting(s) {', '.join(unknown)} in {path!r}; known: {', '.join(_FIELDS)}",
-        )
     return {str(k): v for k, v in data.items()}
 
 
+@dataclass(frozen=True)
+class RawSetting:
+    """A value found by `ConfigSources.lookup`, not yet converted, and where it was."""
+
+    value: Any
+    where: str
+    """`MEMKV_CONFIG <path>` or `environment`."""
+    key: str
+    """The key as written there: `servers` in the file, `MEMKV_SERVERS` in the environment."""
+    in_file: bool
+    """Whether it came from the `MEMKV_CONFIG` file."""
+
+
+@dataclass(frozen=True)
+class ConfigSources:
+    """`MEMKV_CONFIG` (parsed once) and the environment, for the client and its plugins.
+
+    Build it with `read`, then take every setting from it: `client_config` for the
+    client's `Config`, `lookup` for a plugin's own keys. Immutable and thread-safe.
+    """
+
+    env: Mapping[str, str]
+    path: str = ""
+    """The `MEMKV_CONFIG` path; empty when unset."""
+    file_values: Mapping[str, Any] = field(default_factory=dict)
+    """Every key of the `MEMKV_CONFIG` mapping (the client's and the plugins')."""
+
+    @classmethod
+    def read(
+        cls, env: Mapping[str, str] | None = None, *, plugin_keys: Iterable[str] = ()
+    ) -> ConfigSources:
+        """Read `MEMKV_CONFIG` from `env` (default: `os.environ`).
+
+        A key in the file that is neither a client setting nor one of `plugin_keys`
+        raises `ConfigError` (a typo must not be ignored); unknown `MEMKV_*`
+        variables are left alone (other programs may own them).
+        """
+        env = os.environ if env is None else env
+        path = env.get("MEMKV_CONFIG", "")
+        values = _read_yaml(path) if path else {}
+        known = set(_FIELDS) | set(plugin_keys)
+        unknown = sorted(k for k in values if k not in known)
+        if unknown:
+            raise ConfigError(
+                "MEMKV_CONFIG",
+                f"unknown setting(s) {', '.join(unknown)} in {path!r}; known: "
+                f"{', '.join(sorted(known))}",
+            )
+        return cls(env, path, values)
+
+    def lookup(self, name: str) -> RawSetting | None:
+        """`name` from the `MEMKV_CONFIG` file, else from `env_name(name)`, else None."""
+        if name in self.file_values:
+            return RawSetting(self.file_values[name], f"MEMKV_CONFIG {self.path}", name, True)
+        var = env_name(name)
+        if var in self.env:
+            return RawSetting(self.env[var], "environment", var, False)
+        return None
+
+    def client_config(self, **overrides: Any) -> Config:
+        """The client's validated `Config`; `overrides` (setting names) win over both
+        sources, and a `None` override counts as not given."""
+        unknown = sorted(k for k in overrides if k not in _FIELDS)
+        if unknown:
+            raise ConfigError(unknown[0], f"unknown setting; known: {', '.join(_FIELDS)}")
+        values: dict[str, Any] = {}
+        for name in _FIELDS:
+            if overrides.get(name) is not None:
+                raw, source = overrides[name], f"Client({name}=...)"
+            elif (found := self.lookup(name)) is not None:
+                raw = found.value
+                source = f"{name} in MEMKV_CONFIG {self.path!r}" if found.in_file else found.key
+            else:
+                continue
+            try:
+                values[name] = _convert(name, raw)
+            except ValueError as exc:
+                raise ConfigError(source, str(exc)) from None
+        return Config(**values)
+
+
 def load_config(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
-    """Build a `Config` from overrides, `MEMKV_CONFIG`, `MEMKV_*` and defaults."""
-    env = os.environ if env is None else env
-    unknown = sorted(k for k in overrides if k not in _FIELDS)
-    if unknown:
-        raise ConfigError(unknown[0], f"unknown setting; known: {', '.join(_FIELDS)}")
-    path = env.get("MEMKV_CONFIG")
-    yaml_values = _read_yaml(path) if path else {}
-    values: dict[str, Any] = {}
-    for name in _FIELDS:
-        if name in overrides and overrides[name] is not None:
-            raw, source = overrides[name], f"Client({name}=...)"
-        elif name in yaml_values:
-            raw, source = yaml_values[name], f"{name} in MEMKV_CONFIG {path!r}"
-        elif env_name(name) in env:
-            raw, source = env[env_name(name)], env_name(name)
-        else:
-            continue
-        try:
-            values[name] = _convert(name, raw)
-        except ValueError as exc:
-            raise ConfigError(source, str(exc)) from None
-    return Config(**values)
+    """Build a `Config` from overrides, `MEMKV_CONFIG`, `MEMKV_*` and defaults
+    (`ConfigSources.read(env).client_config(**overrides)`)."""
+    return ConfigSources.read(env).client_config(**overrides)
