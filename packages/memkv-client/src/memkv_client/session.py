@@ -53,6 +53,7 @@ class TcpSession:
         self._last_id = secrets.randbits(32)
         self._timeout = config.request_timeout_ms / 1000
         self.broken = False
+        self.deadline: float | None = None  #: the current call's (monotonic s); bounds every wait
         host, port = parse_address(address)
         timeout = config.connect_timeout_ms / 1000
         try:
@@ -82,20 +83,22 @@ class TcpSession:
         rid = self._last_id = (self._last_id + 1) & 0xFFFFFFFF
         bulk_len = sum(len(v) for v in bulk)
         header = p.Header(p.VERSION, op, 0, 0, rid, time.time_ns(), len(meta), bulk_len).pack()
-        deadline = time.monotonic() + self._timeout + (len(meta) + bulk_len) / _MIN_RATE
+        deadline = self.deadline
+        if deadline is None:
+            deadline = time.monotonic() + self._timeout + (len(meta) + bulk_len) / _MIN_RATE
         send_views(self.sock, header + self._signer.sign(header, meta) + meta, bulk, deadline)
         self.sock.settimeout(self._timeout)  # each read of the reply must progress this fast
         return rid
 
     def _recv_reply(self, op: Op, rid: int) -> tuple[p.Header, bytes]:
-        prefix = recv_exact(self.sock, p.PREFIX_SIZE)
+        prefix = recv_exact(self.sock, p.PREFIX_SIZE, self.deadline)
         try:
             h = p.unpack_header(prefix)
         except p.FrameError as exc:
             raise RemoteProtocolError(f"{self.address}: bad reply: {exc}") from None
         if h.meta_len > p.MAX_META_LEN:
             raise RemoteProtocolError(f"{self.address}: reply metadata of {h.meta_len} bytes")
-        meta = bytes(recv_exact(self.sock, h.meta_len))
+        meta = bytes(recv_exact(self.sock, h.meta_len, self.deadline))
         header_bytes = bytes(prefix[: p.HEADER_SIZE])
         mac = bytes(prefix[p.HEADER_SIZE :])
         verified = self._verifier.verify(header_bytes, meta, mac)
@@ -236,7 +239,7 @@ class TcpSession:
             self._fail()
             raise RemoteProtocolError(f"{self.address}: bulk {h.bulk_len} != {expected}")
         try:
-            recv_views_into(self.sock, ok, batch_wakeups=True)
+            recv_views_into(self.sock, ok, batch_wakeups=True, deadline=self.deadline)
         except TimeoutError:
             self._fail()
             raise MemKVTimeout(f"{self.address}: timed out reading values") from None
