@@ -58,6 +58,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from kv_eviction import EvictionPolicy, PolicyStats, make_policy, register_policy
+from kv_eviction.retention import Retention
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path[:0] = [str(ROOT / "tests-integration"), str(ROOT / "tools")]
@@ -88,8 +89,17 @@ class RecordingPolicy(EvictionPolicy):
         CALLS.append((self.tag, name, *args))
         getattr(self.policy, name)(*args)
 
-    def insert(self, key: Hashable, parent: Hashable | None = None, depth: int = 0) -> None:
-        self._call("insert", key, parent, depth)
+    def insert(
+        self,
+        key: Hashable,
+        parent: Hashable | None = None,
+        depth: int = 0,
+        retention: Retention = Retention.NORMAL,
+    ) -> None:
+        if retention == Retention.NORMAL:  # replayable on a base without retention
+            self._call("insert", key, parent, depth)
+        else:
+            self._call("insert", key, parent, depth, retention)
 
     def touch(self, key: Hashable) -> None:
         self._call("touch", key)

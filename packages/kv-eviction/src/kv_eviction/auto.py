@@ -76,6 +76,7 @@ from .candidate import (
 )
 from .chainheap import COMPACT_FACTOR, COMPACT_SLACK, SLOT_BITS, SLOT_MASK, ChainHeapPolicy
 from .policy import register_policy, reject_unknown_options
+from .retention import Retention
 
 __all__ = ["DEFAULT_CANDIDATES", "MARCONI_SHAPE", "AutoPolicy", "Candidate", "CandidatePolicy"]
 
@@ -295,6 +296,7 @@ class AutoPolicy(CandidatePolicy):
         # a recency rule's priority written out (`_priority`): a call per key was a
         # third of a pass
         recency, doorkeeper = self._recency, self._doorkeeper
+        retention = self._retention
         stop = min(self._rescore_next + RESCORE_STEP, self._rescore_end)
         for slot in range(self._rescore_next, stop):
             key = keys[slot]
@@ -310,6 +312,8 @@ class AutoPolicy(CandidatePolicy):
                 priority = PROBATION_BASE | seq
             else:
                 priority = seq
+            if retention[slot] != Retention.NORMAL:
+                priority += self._retention_offset(slot)
             new = (priority << SLOT_BITS) | slot
             if new == item:
                 continue  # touched or inserted since the switch: already current

@@ -236,7 +236,8 @@ class CandidatePolicy(ChainHeapPolicy):
         for key, item in index.items():
             slot = item & SLOT_MASK
             seq = (item >> SLOT_BITS) & SEQ_MASK
-            index[key] = (self._priority(slot, seq) << SLOT_BITS) | slot
+            priority = self._priority(slot, seq) + self._retention_offset(slot)
+            index[key] = (priority << SLOT_BITS) | slot
         self._compact()
 
 

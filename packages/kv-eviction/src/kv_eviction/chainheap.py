@@ -37,14 +37,20 @@ from array import array
 from collections.abc import Hashable
 
 from .policy import EvictionPolicy, PolicyStats
+from .retention import Retention
 
-__all__ = ["SEQ_BITS", "SLOT_BITS", "SLOT_MASK", "ChainHeapPolicy"]
+__all__ = ["RETENTION_SHIFT", "SEQ_BITS", "SLOT_BITS", "SLOT_MASK", "ChainHeapPolicy"]
 
 SLOT_BITS = 32
 SLOT_MASK = (1 << SLOT_BITS) - 1
 SEQ_BITS = 64
 COMPACT_FACTOR = 2
 COMPACT_SLACK = 1024
+RETENTION_SHIFT = 192
+"""Retention classes sit above every policy's own priority (all below 2**192): a HIGH
+key's priority gains 2**192, a LOW key's loses it (negative, so it waits in `_side`)."""
+_RETENTION_OFFSET = (-(1 << RETENTION_SHIFT), 0, 1 << RETENTION_SHIFT)
+_NORMAL = int(Retention.NORMAL)
 
 
 class _Marker:
@@ -93,6 +99,7 @@ class ChainHeapPolicy(EvictionPolicy):
         "_pinned",
         "_pins",
         "_removals",
+        "_retention",
         "_seq",
         "_side",
         "_side_hold",
@@ -106,6 +113,7 @@ class ChainHeapPolicy(EvictionPolicy):
         self._children = array("I")
         self._pins = array("I")
         self._in_heap = bytearray()
+        self._retention = bytearray()
         self._free: list[int] = []
         self._heap: list[int] = []
         self._side: list[int] = []
@@ -136,7 +144,13 @@ class ChainHeapPolicy(EvictionPolicy):
 
     # --- the interface -------------------------------------------------------------
 
-    def insert(self, key: Hashable, parent: Hashable | None = None, depth: int = 0) -> None:
+    def insert(
+        self,
+        key: Hashable,
+        parent: Hashable | None = None,
+        depth: int = 0,
+        retention: Retention = Retention.NORMAL,
+    ) -> None:
         if key in self._index:
             raise KeyError(f"key {key!r} is already tracked")
         if depth < 0:
@@ -151,7 +165,11 @@ class ChainHeapPolicy(EvictionPolicy):
         self._keys[slot] = key
         self._parent[slot] = pslot
         self._seq += 1
-        item = (self._priority_on_insert(slot, depth, self._seq) << SLOT_BITS) | slot
+        priority = self._priority_on_insert(slot, depth, self._seq)
+        self._retention[slot] = retention
+        if retention != _NORMAL:
+            priority += _RETENTION_OFFSET[retention]
+        item = (priority << SLOT_BITS) | slot
         self._index[key] = item
         heapq.heappush(self._side if item < 0 else self._heap, item)
         self._in_heap[slot] = 1
@@ -162,15 +180,41 @@ class ChainHeapPolicy(EvictionPolicy):
         item = self._lookup(key)
         slot = item & SLOT_MASK
         self._seq += 1
-        item = (self._priority_on_touch(slot, self._seq) << SLOT_BITS) | slot
+        priority = self._priority_on_touch(slot, self._seq)
+        retention = self._retention[slot]
+        if retention != _NORMAL:
+            priority += _RETENTION_OFFSET[retention]
+        self._replace_item(key, (priority << SLOT_BITS) | slot)
+        self._touches += 1
+        self._accessed(slot)
+
+    def retention(self, key: Hashable) -> Retention:
+        """The retention class `key` was inserted with (or last given). `KeyError` if
+        untracked."""
+        return Retention(self._retention[self._lookup(key) & SLOT_MASK])
+
+    def set_retention(self, key: Hashable, retention: Retention) -> None:
+        """Move `key` to another retention class, keeping its place within the class (a
+        shared system prompt first stored by a normal request, then hit by one that asks
+        to keep it). `KeyError` if untracked."""
+        item = self._lookup(key)
+        slot = item & SLOT_MASK
+        old = self._retention[slot]
+        if old == retention:
+            return
+        self._retention[slot] = retention
+        priority = (item >> SLOT_BITS) - _RETENTION_OFFSET[old] + _RETENTION_OFFSET[retention]
+        self._replace_item(key, (priority << SLOT_BITS) | slot)
+
+    def _replace_item(self, key: Hashable, item: int) -> None:
+        """Give `key` a new live item, queued at once if the key is eligible."""
+        slot = item & SLOT_MASK
         self._index[key] = item
         if self._children[slot] == 0 and self._pins[slot] == 0:
-            heapq.heappush(self._heap, item)
+            heapq.heappush(self._side if item < 0 else self._heap, item)
             self._in_heap[slot] = 1
         else:
             self._in_heap[slot] = 0
-        self._touches += 1
-        self._accessed(slot)
 
     def remove(self, key: Hashable) -> None:
         item = self._lookup(key)
@@ -257,6 +301,11 @@ class ChainHeapPolicy(EvictionPolicy):
 
     # --- helpers -------------------------------------------------------------------
 
+    def _retention_offset(self, slot: int) -> int:
+        """What `slot`'s retention class adds to a priority the policy computes (for a
+        policy that re-keys its keys, e.g. on a rule switch)."""
+        return _RETENTION_OFFSET[self._retention[slot]]
+
     def _side_first(self) -> bool:
         """With `_side_hold`: whether the next victim comes from `_side` while both heaps
         hold items."""
@@ -279,6 +328,7 @@ class ChainHeapPolicy(EvictionPolicy):
         self._children.append(0)
         self._pins.append(0)
         self._in_heap.append(0)
+        self._retention.append(_NORMAL)
         self._grow()
         return slot
 

@@ -76,7 +76,9 @@ class MarconiPolicy(ChainHeapPolicy):
 
     def score(self, key: Hashable) -> float:
         """The key's current score reuse x exp(-decay x age) / (depth + 1)."""
-        log_key = float_from_order_bits(self._lookup(key) >> (SEQ_BITS + SLOT_BITS))
+        item = self._lookup(key)
+        priority = (item >> SLOT_BITS) - self._retention_offset(item & SLOT_MASK)
+        log_key = float_from_order_bits(priority >> SEQ_BITS)
         return math.exp(log_key - self.decay * self._now)
 
     def uses(self, key: Hashable) -> int:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .retention import Retention
+
 __all__ = [
     "EvictionPolicy",
     "PolicyStats",
@@ -58,13 +60,20 @@ class EvictionPolicy(ABC):
     name: str = ""
 
     @abstractmethod
-    def insert(self, key: Hashable, parent: Hashable | None = None, depth: int = 0) -> None:
+    def insert(
+        self,
+        key: Hashable,
+        parent: Hashable | None = None,
+        depth: int = 0,
+        retention: Retention = Retention.NORMAL,
+    ) -> None:
         """Track a newly stored block.
 
         `parent` is the key of the previous block in the prefix chain; a parent that is
         not tracked is ignored (the key becomes a chain root). `depth` is the block's
-        index in its chain (0 for the first block). Raises `KeyError` if `key` is
-        already tracked.
+        index in its chain (0 for the first block). `retention` is the caller's hint
+        (`kv_eviction.retention`): every HIGH key goes after every NORMAL one, every LOW
+        key before them. Raises `KeyError` if `key` is already tracked.
         """
 
     @abstractmethod
