@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from kv_eviction import AdmissionTracker, EvictionPolicy, make_policy
+from kv_eviction.retention import Retention
 
 from ._config import MAX_KEY_BYTES, StoreConfig
 from ._errors import ConfigError
@@ -22,11 +24,16 @@ from ._io import BlockMover, Completion, IoEngine
 from ._l1 import L1RankFile, open_l1_rank
 from ._l2file import L2RankFile
 from ._recovery import RecoveryReport, recover
-from ._types import LoadTicket
+from ._types import LoadTicket, Tier
 
 log = logging.getLogger("kvpool_mmap")
 
 _WRITE, _READ, _INVALIDATE = "write", "read", "invalidate"
+
+TierListener = Callable[[bytes, Tier, bool], None]
+"""Called as (key, tier, loadable) when a key becomes loadable from a tier (a committed
+store or promotion into L1, a finished L2 write) and when it stops being (evicted,
+dropped, cleared, failed its checksum); in order, on the owner thread."""
 
 
 def _policy(config: StoreConfig) -> EvictionPolicy:
@@ -83,6 +90,8 @@ class StoreEngine:
             self._close_files(unlink_l1=create_l1)
             raise
         self._unlink_l1 = create_l1
+        self.tier_listener: TierListener | None = None
+        """Told of every change of what each tier can load (`TierListener`); None: off."""
         self._entries: dict[bytes, Entry] = {}
         self._l1_free = FreeList(config.l1_slots)
         self._meta = L2Meta(config.l2_slots, config.tp_size)
@@ -133,7 +142,10 @@ class StoreEngine:
         return e.l1_state == SlotState.VALID and not e.evicting
 
     def _l1_track(self, e: Entry) -> None:
-        self._l1_policy.insert(e.key, e.parent, e.depth)
+        if e.retention == Retention.NORMAL:  # a policy of our API's first version also works
+            self._l1_policy.insert(e.key, e.parent, e.depth)
+        else:
+            self._l1_policy.insert(e.key, e.parent, e.depth, retention=e.retention)
         if e.l1_pins:
             self._l1_policy.pin(e.key)
 
@@ -173,7 +185,13 @@ class StoreEngine:
             self._l2_policy.unpin(e.key)
         self._forget(e)
 
+    def _announce(self, key: bytes, tier: Tier, loadable: bool) -> None:
+        if self.tier_listener is not None:
+            self.tier_listener(key, tier, loadable)
+
     def _free_l1(self, e: Entry) -> None:
+        if e.l1_state == SlotState.VALID:
+            self._announce(e.key, Tier.L1, False)
         self._l1_free.push(e.l1)
         e.l1, e.l1_state, e.evicting = -1, SlotState.NONE, False
         self._evicting.discard(e)
@@ -269,7 +287,7 @@ class StoreEngine:
         if e.l1_jobs:  # its write-through is in flight: the slot frees when that lands
             return self._free_l1_later(e)
         slot = None
-        if self.l2_files and not e.l2_readable:
+        if self.l2_files and not e.l2_readable and e.retention != Retention.LOW:
             if self._l2_writes_behind():
                 self._counters["dropped_unwritten"] += 1
             else:
@@ -300,6 +318,7 @@ class StoreEngine:
             return None
         e = self._entries[victims[0]]  # type: ignore[index]
         self._counters["l2_evictions"] += 1
+        self._announce(e.key, Tier.L2, False)
         slot = e.l2
         e.l2, e.l2_state = -1, SlotState.NONE
         self._forget(e)
@@ -307,6 +326,8 @@ class StoreEngine:
 
     def _drop_l2(self, e: Entry) -> None:
         """Forget a bad L2 copy now and invalidate its header in the background."""
+        if e.l2_readable:
+            self._announce(e.key, Tier.L2, False)
         if self._l2_policy is not None and e.l2_readable and e.key in self._l2_policy:
             self._l2_policy.remove(e.key)
         slot = e.l2
@@ -315,7 +336,7 @@ class StoreEngine:
         self._l2_free.push(slot)  # later jobs on this slot run after the invalidation
 
     def _queue_write_through(self, e: Entry, force: bool = False) -> None:
-        if e.wt_queued:
+        if e.wt_queued or e.retention == Retention.LOW:
             return
         if not force and len(self._wt_queue) >= self.config.write_through_queue:
             self._counters["write_through_skipped"] += 1
@@ -394,9 +415,13 @@ class StoreEngine:
             e.l2_state = SlotState.VALID
             e.l2_touched = c.finished
             assert self._l2_policy is not None
-            self._l2_policy.insert(e.key, e.parent, e.depth)
+            if e.retention == Retention.NORMAL:
+                self._l2_policy.insert(e.key, e.parent, e.depth)
+            else:
+                self._l2_policy.insert(e.key, e.parent, e.depth, retention=e.retention)
             if e.l2_pins:
                 self._l2_policy.pin(e.key)
+            self._announce(e.key, Tier.L2, True)
         else:
             e.l2_state = SlotState.VALID  # so _drop_l2 treats it uniformly
             e.l2 = slot
@@ -410,6 +435,7 @@ class StoreEngine:
             e.l1_state = SlotState.VALID
             self._l1_track(e)
             self._counters["promotions"] += 1
+            self._announce(e.key, Tier.L1, True)
         else:
             if c.error is None:
                 self._counters["checksum_failures"] += 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 
 import numpy as np
+from kv_eviction.retention import Retention
 
 
 class SlotState(enum.IntEnum):
@@ -38,6 +39,7 @@ class Entry:
         "l2_state",
         "l2_touched",
         "parent",
+        "retention",
         "wt_queued",
     )
 
@@ -61,6 +63,9 @@ class Entry:
         self.l2_read_cached = False
         """The promotion in flight may be served from the page cache (BlockMover.may_be_cached)."""
         self.wt_queued = False
+        self.retention = Retention.NORMAL
+        """The storing request's hint: LOW is never written to L2 (nor recovered with a
+        class: L2 keeps no hints, so recovered blocks are NORMAL)."""
 
     @property
     def l1_readable(self) -> bool:

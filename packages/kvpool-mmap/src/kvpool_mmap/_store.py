@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from kv_eviction import ChainHeapPolicy
+from kv_eviction.retention import Retention
 
 from ._engine import StoreEngine, check_key
 from ._index import Entry, SlotState
@@ -162,6 +164,7 @@ class TieredStore(StoreEngine):
         keys: Sequence[bytes],
         parents: Sequence[bytes | None] | None = None,
         depths: Sequence[int] | None = None,
+        retention: Retention = Retention.NORMAL,
     ) -> StoreTicket:
         """Allocate pinned L1 slots for the keys the worker should write.
 
@@ -174,7 +177,9 @@ class TieredStore(StoreEngine):
         prefix still gets slots). Under 'demote' a victim whose L2 write is in flight
         counts as a slot on its way, so the store gets fewer slots now; under
         'drop_unwritten' further victims are taken. parents/depths default to the
-        previous key in `keys` and the position.
+        previous key in `keys` and the position. `retention` is the storing request's
+        hint for the eviction policies (kv_eviction.retention); LOW keys are never
+        written to L2, and keys already stored move up to HIGH when asked.
         """
         self._reap()
         n = len(keys)
@@ -189,6 +194,8 @@ class TieredStore(StoreEngine):
             if self._disabled or k in seen:
                 continue
             e = self._entries.get(k)
+            if e is not None and retention > e.retention:
+                self._raise_retention(e, retention)
             if e is not None and not (self._restores and self._l2_only(e)):
                 continue
             seen.add(k)
@@ -203,12 +210,20 @@ class TieredStore(StoreEngine):
             e = self._entries.get(keys[i])
             if e is None:
                 e = self._entries[keys[i]] = Entry(keys[i], parents[i], depths[i])
+                e.retention = retention
             else:
                 e.parent = parents[i]
                 self._counters["restores"] += 1
             e.l1, e.l1_state = slot, SlotState.WRITING
             ticket.l1_slots[i] = slot
         return ticket
+
+    def _raise_retention(self, e: Entry, retention: Retention) -> None:
+        """A request asks to keep a stored key longer: move it up in both policies."""
+        e.retention = retention
+        for policy in (self._l1_policy, self._l2_policy):
+            if isinstance(policy, ChainHeapPolicy) and e.key in policy:
+                policy.set_retention(e.key, retention)
 
     @staticmethod
     def _l2_only(e: Entry) -> bool:
@@ -226,6 +241,7 @@ class TieredStore(StoreEngine):
             e.l1_state = SlotState.VALID
             self._l1_track(e)
             self._counters["stores"] += 1
+            self._announce(k, Tier.L1, True)
             if self.l2_files and self.config.write_through and e.l2_state == SlotState.NONE:
                 self._queue_write_through(e)
         self._pump()
