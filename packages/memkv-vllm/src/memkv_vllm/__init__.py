@@ -11,9 +11,9 @@ import contextlib
 import logging
 import os
 
-from ._version import __version__
+from ._version import SUPPORTED_VLLM, __version__
 
-__all__ = ["ENTRY_POINT", "TIER_TYPE", "__version__", "register"]
+__all__ = ["ENTRY_POINT", "SUPPORTED_VLLM", "TIER_TYPE", "__version__", "register"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 ENTRY_POINT = "memkv_tier"
@@ -24,7 +24,8 @@ _registered = False
 def register() -> None:
     """Register the `"memkv"` secondary tier type with vLLM (idempotent).
 
-    Does nothing when `VLLM_PLUGINS` is set and does not name `memkv_tier`.
+    Does nothing when `VLLM_PLUGINS` is set and does not name `memkv_tier`; warns when the
+    running vLLM is outside `SUPPORTED_VLLM`.
     """
     global _registered
     if _registered:
@@ -33,6 +34,12 @@ def register() -> None:
     if allowed is not None and ENTRY_POINT not in [p.strip() for p in allowed.split(",")]:
         log.debug("memkv-vllm: not registering (VLLM_PLUGINS=%r)", allowed)
         return
+    import vllm
+    from vllm_kv_identity import unsupported_vllm
+
+    unsupported = unsupported_vllm("memkv-vllm", SUPPORTED_VLLM, str(vllm.__version__))
+    if unsupported:
+        log.warning(unsupported)
     try:
         from vllm.v1.kv_offload.tiering.factory import (  # type: ignore[import-not-found]
             SecondaryTierFactory,

@@ -2,6 +2,7 @@
 
 * `weights_fingerprint`: which checkpoint computed the KV.
 * `restart_hash_problem`: whether vLLM's block hashes will be the same in the next process.
+* `unsupported_vllm`: whether a plugin's supported range holds the running vLLM.
 * `block_key`, `chain_keys`, `key_group`: how a block hash and its KV-cache group pack into
   one store key (the packing of vLLM's own `OffloadKey`).
 * `aligned_external_hit_tokens`, `mamba_alignment_tokens`: where an external hit may end
@@ -17,6 +18,7 @@ from ._version import __version__
 from .alignment import aligned_external_hit_tokens, mamba_alignment_tokens
 from .hashseed import restart_hash_problem
 from .keys import GROUP_ID_BYTES, block_key, chain_keys, key_group
+from .supported import unsupported_vllm
 from .weights import weights_fingerprint
 
 __all__ = [
@@ -28,5 +30,6 @@ __all__ = [
     "key_group",
     "mamba_alignment_tokens",
     "restart_hash_problem",
+    "unsupported_vllm",
     "weights_fingerprint",
 ]

@@ -11,10 +11,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._version import __version__
+from ._version import SUPPORTED_VLLM, __version__
 from .config import ConfigError, OffloadConfig
 
-__all__ = ["ConfigError", "MarconiOffloadConnector", "OffloadConfig", "__version__"]
+__all__ = [
+    "SUPPORTED_VLLM",
+    "ConfigError",
+    "MarconiOffloadConnector",
+    "OffloadConfig",
+    "__version__",
+]
 
 if TYPE_CHECKING:
     from .connector import MarconiOffloadConnector

@@ -1,4 +1,4 @@
-"""Every difference between the vLLM releases we support (0.27.1 - 0.33.x), in one place.
+"""Every difference between the vLLM releases we support (`SUPPORTED_VLLM`), in one place.
 
 Each helper detects features, not version numbers, where the feature can be seen; the
 supported range is checked once at start.
@@ -10,15 +10,15 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from packaging.version import Version
+from vllm_kv_identity import unsupported_vllm
+
+from ._version import SUPPORTED_VLLM
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
-
-SUPPORTED = (Version("0.27.1"), Version("0.34"))
 
 
 def vllm_version() -> str:
@@ -29,14 +29,8 @@ def vllm_version() -> str:
 
 
 def check_supported(version: str) -> str | None:
-    """A warning if `version` is outside the tested range, else None."""
-    parsed = Version(version)
-    if SUPPORTED[0] <= Version(parsed.base_version) < SUPPORTED[1]:
-        return None
-    return (
-        f"vllm-marconi-offload is tested with vLLM >= {SUPPORTED[0]}, < {SUPPORTED[1]}; "
-        f"running {version}"
-    )
+    """A warning if vLLM `version` is outside `SUPPORTED_VLLM`, else None."""
+    return unsupported_vllm("vllm-marconi-offload", SUPPORTED_VLLM, version)
 
 
 def scheduler_block_size(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> int:
