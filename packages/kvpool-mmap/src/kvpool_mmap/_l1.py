@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _cuda
+from . import _cuda, _prefault
 from ._codec import L1_MAGIC, Superblock, describe_mismatch, expected_superblock
 from ._config import PAGE, StoreConfig, prepare_dir
 from ._errors import LayoutMismatchError
@@ -47,6 +47,8 @@ class L1RankFile:
         want = expected_superblock(config, rank, L1_MAGIC, self.num_slots, config.stride)
         self.data_offset = want.data_offset
         size = self.data_offset + self.num_slots * self.stride
+        populate = create if populate is None else populate
+        in_parallel = populate and _prefault.supported()
         if create:
             self._fd = _create_locked(
                 self.path,
@@ -56,6 +58,7 @@ class L1RankFile:
                 "l1.path",
                 f"Every running engine needs its own engine_id (now {config.engine_id!r}) "
                 "or its own l1.path.",
+                allocate=not in_parallel,
             )
             remove_stale_l1(self.path.parent)
         else:
@@ -76,7 +79,15 @@ class L1RankFile:
                 )
             if os.fstat(self._fd).st_size < size:
                 raise LayoutMismatchError(f"L1 file {self.path} is shorter than {size} bytes")
-            self._mm = map_file(self._fd, size, populate=create if populate is None else populate)
+            self._mm = map_file(self._fd, size, populate=populate and not in_parallel)
+            if in_parallel:
+                _prefault.populate(
+                    self._mm,
+                    self.data_offset,
+                    size - self.data_offset,
+                    self.path,
+                    "l1.bytes_to_use",
+                )
         except BaseException:
             if create:
                 _unlink_if_same(self.path, self._fd)
@@ -165,7 +176,14 @@ class L1RankFile:
 
 
 def _create_locked(
-    path: Path, size: int, first_page: bytes, setting: str, setting_path: str, hint: str
+    path: Path,
+    size: int,
+    first_page: bytes,
+    setting: str,
+    setting_path: str,
+    hint: str,
+    *,
+    allocate: bool = True,
 ) -> int:
     """Create `path` anew, locked by this process; return its open, locked descriptor.
 
@@ -175,7 +193,8 @@ def _create_locked(
     whose owner died is removed first, so its space is free before the new file
     reserves its own (the budget is never needed twice). The superblock is written last:
     until then the file fails every attach check. Processes that still map a removed
-    file keep its memory.
+    file keep its memory. allocate=False only checks the space and sizes the file, for a
+    caller that faults it in itself (`_prefault.populate`).
     """
     while True:
         try:
@@ -188,7 +207,10 @@ def _create_locked(
             if not same_file(fd, path):  # removed as stale before we locked it: again
                 os.close(fd)
                 continue
-            reserve(fd, size, path, setting)
+            if allocate:
+                reserve(fd, size, path, setting)
+            else:
+                _prefault.claim(fd, size, path, setting)
             os.pwrite(fd, first_page, 0)
         except BaseException:
             _unlink_if_same(path, fd)
@@ -225,7 +247,8 @@ def open_l1_rank(
     small); the file is removed again on close() or at interpreter exit. create=False
     attaches to an existing file and raises LayoutMismatchError if it is missing or was
     made for another geometry, engine or fingerprint. populate (default: create) pre-faults
-    the mapping (MAP_POPULATE) so GPU copies never fault; the scheduler-side store, which
+    the mapping so GPU copies never fault (on several threads where the kernel supports
+    MADV_POPULATE_WRITE, else MAP_POPULATE); the scheduler-side store, which
     maps every rank only for L2 transfers, attaches without it.
     """
     return L1RankFile(config, rank, create=create, populate=populate)

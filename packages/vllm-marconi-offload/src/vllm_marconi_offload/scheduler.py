@@ -142,6 +142,7 @@ class OffloadScheduler:
         state = self._requests.setdefault(request.request_id, _RequestState(request))
         if state.lookup is None and self._local_hit_is_complete(request, num_computed_tokens):
             self._count_lookup(state)
+            self._skip_stored_local_hit(state, num_computed_tokens)
             return 0, False  # vLLM's own cache has every block we could offer
         if state.lookup is None:
             state.lookup = self._start_lookup(request) if self._enabled else None
@@ -169,6 +170,19 @@ class OffloadScheduler:
 
     def _local_hit_is_complete(self, request: Request, num_computed_tokens: int) -> bool:
         return num_computed_tokens >= self._max_hit_blocks(request) * self._block_size
+
+    def _skip_stored_local_hit(self, state: _RequestState, num_computed_tokens: int) -> None:
+        """vLLM serves the first `num_computed_tokens` from its own cache. If the store holds
+        the last of those blocks in every group, they were stored when first computed and
+        are not offered again (a request served from HBM costs no per-block work here);
+        otherwise they are, so that the store gets back what it lost."""
+        blocks = num_computed_tokens // self._block_size
+        if blocks <= state.stored_blocks:
+            return
+        last = state.request.block_hashes[blocks - 1]
+        groups = [*self._chain_groups, *self._state_groups]
+        if all(block_key(last, group) in self._store for group in groups):
+            state.stored_blocks = blocks
 
     def _count_lookup(self, state: _RequestState) -> None:
         """Count a request once, when its lookup has an answer (hits follow at allocation)."""
