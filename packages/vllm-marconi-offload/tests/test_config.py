@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from kv_eviction import MarconiPolicy, make_policy, register_policy
 from kv_eviction.lru import LRUPolicy
@@ -120,7 +125,8 @@ def test_storage_keys_without_l2_are_reported_ignored(caplog: pytest.LogCaptureF
         ("8 GiB", 8 << 30),
         ("512MiB", 512 << 20),
         ("1.5GiB", 3 << 29),
-        ("8GB", 8 * 10**9),
+        ("8GB", 8 << 30),  # one rule in every package: units are binary
+        ("8G", 8 << 30),
         ("1073741824", 1 << 30),
         (1 << 30, 1 << 30),
         (1073741824.0, 1 << 30),
@@ -142,7 +148,6 @@ def test_byte_sizes_accept_unit_strings(text: object, size: int) -> None:
         ({"cpu_bytes_to_use": float("nan")}, "cpu_bytes_to_use must be a byte count"),
         ({"cpu_bytes_to_use": 1 << 63}, "cpu_bytes_to_use must be a byte count in [1, 2^60]"),
         ({"cpu_bytes_to_use": 1e30}, "cpu_bytes_to_use must be a byte count"),
-        ({"cpu_bytes_to_use": "8G"}, "not a bare unit"),
         ({"cpu_bytes_to_use": "-1GiB"}, "cpu_bytes_to_use must be a byte count"),
         ({"l2_pool_path": "/l2", "l2_bytes_to_use": "2EiB"}, "l2_bytes_to_use must be"),
         ({"admission_threshold": float("inf")}, "admission_threshold must be an integer >= 1"),
@@ -185,23 +190,50 @@ def test_storage_keys_reach_the_store() -> None:
     )
 
 
-def test_kvpool_errors_use_the_users_keys() -> None:
+def test_kvpool_errors_use_the_users_keys(tmp_path: Path) -> None:
     import kvpool_mmap
-    from vllm_marconi_offload.config import user_keys
+    from vllm_marconi_offload.config import USER_KEYS
 
-    with pytest.raises(kvpool_mmap.ConfigError) as excinfo, user_keys():
-        kvpool_mmap.StoreConfig(
-            stride=1 << 20,
-            engine_id="e",
-            fingerprint=b"f",
-            l1=kvpool_mmap.TierConfig("/dev/shm/x", 4096),
+    base = {"stride": 1 << 20, "engine_id": "e", "fingerprint": b"f"}
+    with pytest.raises(kvpool_mmap.ConfigError) as excinfo:
+        kvpool_mmap.StoreConfig.from_dict(
+            {**base, "l1.path": "/dev/shm/x", "l1.bytes_to_use": 4096}, names=USER_KEYS
         )
     assert "cpu_bytes_to_use=4096 holds no slot" in str(excinfo.value)
     assert "l1." not in str(excinfo.value)
-    with pytest.raises(kvpool_mmap.PoolInUseError) as busy, user_keys():
-        raise kvpool_mmap.PoolInUseError(16, "x is in use; its own engine_id or its own l2.path")
+    config = kvpool_mmap.StoreConfig.from_dict(
+        {**base, "l1.path": str(tmp_path), "l1.bytes_to_use": 1 << 20}, names=USER_KEYS
+    )
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            HOLD_L1,
+            json.dumps(
+                {**base, "fingerprint": "f", "l1.path": str(tmp_path), "l1.bytes_to_use": 1 << 20}
+            ),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == b"ready\n"
+        with pytest.raises(kvpool_mmap.PoolInUseError) as busy:
+            kvpool_mmap.open_l1_rank(config, 0)
+    finally:
+        holder.kill()
+        holder.wait()
     assert busy.value.errno == 16
-    assert "its own pool_name or its own l2_pool_path" in str(busy.value)
+    assert "its own pool_name (now 'e') or its own cpu_pool_path" in str(busy.value)
+
+
+HOLD_L1 = """
+import json, sys, time
+from kvpool_mmap import StoreConfig, open_l1_rank
+l1 = open_l1_rank(StoreConfig.from_dict(json.loads(sys.argv[1])), 0)
+print("ready", flush=True)
+time.sleep(60)
+"""
 
 
 def test_auto_options_are_settable() -> None:

@@ -18,12 +18,12 @@ from ._config import (
     L1_OVERFLOW_MODES,
     MAX_IO_THREADS,
     MAX_KEY_BYTES,
-    MAX_TIER_BYTES,
     PAGE,
     L1Overflow,
     StoreConfig,
     TierConfig,
     check_pool_path,
+    store_settings,
 )
 from ._errors import (
     ConfigError,
@@ -35,6 +35,15 @@ from ._errors import (
 from ._l1 import L1RankFile, open_l1_rank
 from ._pools import PoolFile, inspect_pool_file, pool_files, remove_if_stale, remove_stale_l1
 from ._recovery import RecoveryReport, check_l2, check_l2_files
+from ._settings import (
+    SIZE_EXAMPLES,
+    Setting,
+    expose,
+    markdown_table,
+    parse_size,
+    setting,
+    settings_of,
+)
 from ._store import TieredStore
 from ._types import LoadStatus, LoadTicket, StoreStats, StoreTicket, Tier
 from ._version import __version__
@@ -49,6 +58,7 @@ __all__ = [
     "MAX_KEY_BYTES",
     "MAX_TIER_BYTES",
     "PAGE",
+    "SIZE_EXAMPLES",
     "ConfigError",
     "InsufficientSpaceError",
     "KvPoolError",
@@ -60,6 +70,7 @@ __all__ = [
     "PoolFile",
     "PoolInUseError",
     "RecoveryReport",
+    "Setting",
     "StoreConfig",
     "StoreStats",
     "StoreTicket",
@@ -70,9 +81,15 @@ __all__ = [
     "check_l2",
     "check_l2_files",
     "check_pool_path",
+    "expose",
     "inspect_pool_file",
+    "markdown_table",
     "open_l1_rank",
+    "parse_size",
     "pool_files",
     "remove_if_stale",
     "remove_stale_l1",
+    "setting",
+    "settings_of",
+    "store_settings",
 ]

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from kv_eviction import validate_policy
 
 from ._errors import ConfigError
+from ._settings import MAX_TIER_BYTES, Setting, checked_fields, setting, settings_of
 
 PAGE = 4096
 """Alignment of every data region (O_DIRECT and DMA friendly)."""
@@ -28,32 +27,17 @@ FsyncMode = Literal["batch", "always", "never"]
 DirectIO = Literal["auto", "on", "off"]
 L1Overflow = Literal["drop_unwritten", "demote"]
 
-_ENGINE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-FSYNC_MODES: tuple[FsyncMode, ...] = ("batch", "always", "never")
-DIRECT_IO_MODES: tuple[DirectIO, ...] = ("auto", "on", "off")
-L1_OVERFLOW_MODES: tuple[L1Overflow, ...] = ("drop_unwritten", "demote")
+FSYNC_MODES: tuple[FsyncMode, ...] = get_args(FsyncMode)
+DIRECT_IO_MODES: tuple[DirectIO, ...] = get_args(DirectIO)
+L1_OVERFLOW_MODES: tuple[L1Overflow, ...] = get_args(L1Overflow)
+MAX_IO_THREADS = 256
+MIN_FSYNC_INTERVAL_S = 0.001
+"""Shortest period of the background fdatasync (a shorter one only burns a core)."""
 
 
 def round_up(n: int, to: int) -> int:
     """Smallest multiple of `to` that is >= n."""
     return -(-n // to) * to
-
-
-MAX_TIER_BYTES = 1 << 60
-"""Largest byte budget (1 EiB): every file offset must fit a signed 64-bit integer."""
-
-MAX_IO_THREADS = 256
-
-
-def _positive_int(name: str, value: object, minimum: int = 1, maximum: int | None = None) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < minimum
-        or (maximum is not None and value > maximum)
-    ):
-        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ConfigError(f"{name} must be an integer {bound}, got {value!r}")
 
 
 def check_pool_path(value: object, setting: str) -> str:
@@ -62,167 +46,192 @@ def check_pool_path(value: object, setting: str) -> str:
     The path must be absolute: every process of an engine (scheduler, workers) must
     name the same directory whatever its working directory is.
     """
-    if not isinstance(value, (str, os.PathLike)):
-        raise ConfigError(f"{setting} must be an absolute directory path, got {value!r}")
-    text = os.fspath(value)
-    if not isinstance(text, str) or not text.strip() or "\x00" in text:
-        raise ConfigError(f"{setting} must be an absolute directory path, got {value!r}")
-    if not os.path.isabs(text):
-        raise ConfigError(
-            f"{setting} must be an absolute directory path, got {text!r}: a relative path "
-            "would name a different directory in each process (working directories differ)"
-        )
-    return text
+    path: str | os.PathLike[str] = settings_of(TierConfig)["path"].check(value, setting)
+    return os.fspath(path)
 
 
 @dataclass(frozen=True)
 class TierConfig:
     """One tier: a directory and the byte budget of the whole server for it."""
 
-    path: str | os.PathLike[str]
-    """Absolute path of the directory holding this tier's files (created if its parent
-    exists)."""
-    bytes_to_use: int
-    """Total bytes for the whole server, at most MAX_TIER_BYTES; split evenly over
-    dp_size x tp_size ranks."""
+    path: str | os.PathLike[str] = setting(
+        "path", "Directory of this tier's files (created if its parent exists)."
+    )
+    bytes_to_use: int = setting(
+        "bytes",
+        "Bytes for the whole server, split evenly over dp_size x tp_size ranks.",
+        maximum=MAX_TIER_BYTES,
+    )
 
-    def validate(self, name: str) -> None:
-        """Raise ConfigError naming `name.<setting>` if a value is out of range."""
-        check_pool_path(self.path, f"{name}.path")
-        _positive_int(f"{name}.bytes_to_use", self.bytes_to_use, maximum=MAX_TIER_BYTES)
+    def validate(self, name: str, key: Callable[[str], str] = str) -> None:
+        """Raise ConfigError naming `key(name.<setting>)` if a value is out of range."""
+        checked_fields(self, lambda field: key(f"{name}.{field}"))
 
 
 @dataclass(frozen=True)
 class StoreConfig:
-    """Everything the store and the per-rank L1 files need; identical in every process."""
+    """Everything the store and the per-rank L1 files need; identical in every process.
 
-    stride: int
-    """Bytes of one block in one tensor-parallel rank's file (one slot)."""
-    engine_id: str
-    """Names this engine's files; engines sharing a directory need distinct ids ([A-Za-z0-9_.-])."""
-    fingerprint: bytes
-    """Layout fingerprint (model, dtype, block size ...); L2 written under another is wiped."""
-    l1: TierConfig
-    """The memory tier, typically a directory under /dev/shm."""
-    l2: TierConfig | None = None
-    """The optional disk tier; None disables it."""
-    dp_size: int = 1
-    """Data-parallel engines sharing the budgets."""
-    tp_size: int = 1
-    """Tensor-parallel ranks per engine; one file per rank and tier."""
-    dp_rank: int = 0
-    """This engine's data-parallel rank (0 <= dp_rank < dp_size)."""
-    eviction_policy: str = "auto"
-    """Name passed to kv_eviction.make_policy (one policy per tier): any registered name;
-    `auto` by default (never below LRU on the shipped traces, see the README)."""
-    eviction_options: Mapping[str, Any] = field(default_factory=dict)
-    """Keyword options passed to kv_eviction.make_policy; kv-eviction validates both."""
-    admission_threshold: int = 1
-    """A key is stored once begin_store has seen it this many times."""
-    admission_max_entries: int = 1_000_000
-    """Bound on keys the admission tracker remembers."""
-    io_threads: int = 4
-    """Threads writing to L2 (write-through, demotion); promotions from L2 have their own
-    pool of the same size, so a load never queues behind background writes."""
-    max_inflight_io: int = 64
-    """Most background write-throughs queued on the I/O threads at once (bounds how long a
-    demotion or a disk read waits behind them)."""
-    write_through: bool = True
-    """Copy committed blocks to L2 in the background, so L2 survives a restart."""
-    write_through_queue: int = 65536
-    """Most committed blocks waiting for write-through; beyond it they wait for demotion."""
-    l2_fsync: FsyncMode = "batch"
-    """'always': fdatasync after payload and after header (each write durable, slow);
-    'batch': fdatasync every fsync_interval_s and on close (a power loss can lose the last
-    interval; torn slots are caught by checksums); 'never': only on close."""
-    fsync_interval_s: float = 1.0
-    """Period of the background fdatasync in 'batch' mode."""
-    direct_io: DirectIO = "auto"
-    """O_DIRECT for L2 payloads: 'auto' uses it when stride is page aligned and the
-    filesystem accepts it; 'on' requires it; 'off' uses the page cache."""
-    verify_on_open: bool = False
-    """Read every L2 payload at start and drop slots whose checksum fails (slow; for checks)."""
-    l1_overflow: L1Overflow = "demote"
-    """How a full L1 shares work with a slower L2. 'demote' (the seed's design): victims
-    without an L2 copy are always demoted; their slots free when the writes land, blocks
-    that find no slot meanwhile are not stored (store_no_space), and a block found only in
-    L2 is not stored into L1 again (L1 turns over no faster than the disk writes).
-    'drop_unwritten': L1 works as it would alone: a block found only in L2 that is stored
-    again gets an L1 slot (restores; its L2 copy stays), and victims without an L2 copy are
-    demoted while background L2 writes are fewer than max_inflight_io, else dropped
-    (dropped_unwritten), so a store never waits for the disk. Without L2 both are L1 alone."""
+    Each setting is declared once, below; `store_settings()` lists them (with `l1.path`,
+    `l1.bytes_to_use`, `l2.path` and `l2.bytes_to_use` for the tiers).
+    """
+
+    stride: int = setting(
+        "int",
+        "Bytes of one block in one tensor-parallel rank's file (one slot).",
+        maximum=MAX_TIER_BYTES,
+    )
+    engine_id: str = setting(
+        "name", "Names this engine's files; engines sharing a directory need distinct ids."
+    )
+    fingerprint: bytes = setting(
+        "any",
+        "Layout fingerprint (model, dtype, block size ...); L2 written under another is wiped.",
+        accepts="bytes (a string is encoded)",
+    )
+    l1: TierConfig = setting("any", "The memory tier, typically a directory under /dev/shm.")
+    l2: TierConfig | None = setting("any", "The optional disk tier; None disables it.", None)
+    dp_size: int = setting("int", "Data-parallel engines sharing the budgets.", 1)
+    tp_size: int = setting(
+        "int", "Tensor-parallel ranks per engine; one file per rank and tier.", 1
+    )
+    dp_rank: int = setting("int", "This engine's data-parallel rank (< dp_size).", 0, minimum=0)
+    eviction_policy: str = setting(
+        "text",
+        "Eviction policy of each tier (kv_eviction.make_policy); `auto` is never "
+        "below LRU on the shipped traces.",
+        "auto",
+        accepts="a policy name registered with kv-eviction (auto, lru, marconi, ...)",
+    )
+    eviction_options: Mapping[str, Any] = setting(
+        "any",
+        "Keyword options of the eviction policy; kv-eviction validates them.",
+        {},
+        accepts="a mapping of the policy's option names to values",
+    )
+    admission_threshold: int = setting(
+        "int", "A block is stored once begin_store has seen its key this many times.", 1
+    )
+    admission_max_entries: int = setting(
+        "int", "Bound on keys the admission tracker remembers.", 1_000_000
+    )
+    io_threads: int = setting(
+        "int",
+        "Threads writing to L2; promotions from L2 have their own pool of this size.",
+        4,
+        maximum=MAX_IO_THREADS,
+    )
+    max_inflight_io: int = setting(
+        "int",
+        "Most background L2 writes queued at once (bounds how long a demotion or a "
+        "disk read waits behind them).",
+        64,
+    )
+    write_through: bool = setting(
+        "bool", "Copy committed blocks to L2 in the background, so L2 survives a restart.", True
+    )
+    write_through_queue: int = setting(
+        "int",
+        "Most committed blocks waiting for write-through; beyond it they wait for demotion.",
+        65536,
+    )
+    l2_fsync: FsyncMode = setting(
+        "choice",
+        "`always`: fdatasync after payload and header (slow); `batch`: every "
+        "fsync_interval_s and on close (torn slots are caught by checksums); `never`: on "
+        "close only.",
+        "batch",
+        choices=FSYNC_MODES,
+    )
+    fsync_interval_s: float = setting(
+        "number",
+        "Period of the background fdatasync in `batch` mode.",
+        1.0,
+        minimum=MIN_FSYNC_INTERVAL_S,
+    )
+    direct_io: DirectIO = setting(
+        "choice",
+        "O_DIRECT for L2 payloads: `auto` when the stride is page aligned and the "
+        "filesystem accepts it; `on` requires it; `off` uses the page cache.",
+        "auto",
+        choices=DIRECT_IO_MODES,
+    )
+    verify_on_open: bool = setting(
+        "bool",
+        "Read every L2 payload at start and drop slots whose checksum fails (slow).",
+        False,
+    )
+    l1_overflow: L1Overflow = setting(
+        "choice",
+        "A full L1 in front of L2: `demote` demotes every victim without an L2 copy "
+        "and stores no new block until a slot frees; `drop_unwritten` keeps storing and "
+        "drops victims whose L2 write would have to wait (see the README).",
+        "demote",
+        choices=L1_OVERFLOW_MODES,
+    )
+    names: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """The user's key for each setting (e.g. a plugin's `cpu_bytes_to_use` for
+    `l1.bytes_to_use`), used in every error message; absent ones keep their own name."""
+
+    def key(self, name: str) -> str:
+        """How the user spells setting `name` (in error messages)."""
+        return self.names.get(name, name)
 
     def __post_init__(self) -> None:
-        _positive_int("stride", self.stride, maximum=MAX_TIER_BYTES)
-        if not isinstance(self.engine_id, str) or not _ENGINE_ID.match(self.engine_id):
-            raise ConfigError(
-                f"engine_id must match [A-Za-z0-9_.-]{{1,64}}, got {self.engine_id!r}"
-            )
-        if not isinstance(self.fingerprint, (bytes, bytearray)):
+        checked_fields(self, self.key)
+        if not isinstance(self.fingerprint, bytes | bytearray):
             raise ConfigError(f"fingerprint must be bytes, got {type(self.fingerprint).__name__}")
-        _positive_int("dp_size", self.dp_size)
-        _positive_int("tp_size", self.tp_size)
         if not isinstance(self.l1, TierConfig):
             raise ConfigError("l1 must be a TierConfig")
-        self.l1.validate("l1")
+        self.l1.validate("l1", self.key)
         if self.l2 is not None:
             if not isinstance(self.l2, TierConfig):
                 raise ConfigError("l2 must be a TierConfig or None")
-            self.l2.validate("l2")
-        if isinstance(self.dp_rank, bool) or not isinstance(self.dp_rank, int):
-            raise ConfigError(f"dp_rank must be an integer, got {self.dp_rank!r}")
-        if not 0 <= self.dp_rank < self.dp_size:
+            self.l2.validate("l2", self.key)
+        if not self.dp_rank < self.dp_size:
             raise ConfigError(
                 f"dp_rank must be in [0, dp_size={self.dp_size}), got {self.dp_rank!r}"
             )
         try:
             validate_policy(self.eviction_policy, self.eviction_options)
         except ValueError as exc:
-            raise ConfigError(f"eviction_policy / eviction_options: {exc}") from exc
-        _positive_int("admission_threshold", self.admission_threshold)
-        _positive_int("admission_max_entries", self.admission_max_entries)
-        _positive_int("io_threads", self.io_threads, maximum=MAX_IO_THREADS)
-        _positive_int("max_inflight_io", self.max_inflight_io)
-        _positive_int("write_through_queue", self.write_through_queue)
-        if self.l2_fsync not in FSYNC_MODES:
-            raise ConfigError(f"l2_fsync must be one of {FSYNC_MODES}, got {self.l2_fsync!r}")
-        if self.direct_io not in DIRECT_IO_MODES:
-            raise ConfigError(f"direct_io must be one of {DIRECT_IO_MODES}, got {self.direct_io!r}")
-        if self.l1_overflow not in L1_OVERFLOW_MODES:
             raise ConfigError(
-                f"l1_overflow must be one of {L1_OVERFLOW_MODES}, got {self.l1_overflow!r}"
-            )
-        for flag in ("write_through", "verify_on_open"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
-        interval = self.fsync_interval_s
-        if (
-            isinstance(interval, bool)
-            or not isinstance(interval, (int, float))
-            or not math.isfinite(interval)
-            or interval <= 0
-        ):
-            raise ConfigError(f"fsync_interval_s must be a finite number > 0, got {interval!r}")
+                f"{self.key('eviction_policy')} / {self.key('eviction_options')}: {exc}"
+            ) from exc
         per_rank = self.dp_size * self.tp_size
         if self.l1.bytes_to_use // per_rank < self.stride:
             raise ConfigError(
-                f"l1.bytes_to_use={self.l1.bytes_to_use} holds no slot of stride={self.stride} "
-                f"per rank after splitting over dp_size*tp_size={per_rank}"
+                f"{self.key('l1.bytes_to_use')}={self.l1.bytes_to_use} holds no slot of "
+                f"stride={self.stride} per rank after splitting over dp_size*tp_size={per_rank}"
             )
         if self.l2 is not None and self.l2.bytes_to_use // per_rank < self.l2_slot_bytes:
             raise ConfigError(
-                f"l2.bytes_to_use={self.l2.bytes_to_use} holds no slot of "
+                f"{self.key('l2.bytes_to_use')}={self.l2.bytes_to_use} holds no slot of "
                 f"{self.l2_slot_bytes} bytes per rank after splitting over {per_rank} ranks"
             )
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> StoreConfig:
-        """Build from plain data (e.g. vLLM's kv_connector_extra_config); rejects unknown keys."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+    def from_dict(
+        cls, data: Mapping[str, Any], names: Mapping[str, str] | None = None
+    ) -> StoreConfig:
+        """Build from plain data (e.g. a JSON file); rejects unknown keys.
+
+        The tiers are given nested (`"l1": {"path": ..., "bytes_to_use": ...}`) or as
+        `l1.path`, `l1.bytes_to_use`, ... (as `store_settings()` names them); `names`
+        are the user's keys for errors (see `names`).
+        """
+        names_given = dict(data.get("names") or {})
+        values = {k: v for k, v in data.items() if "." not in k}
+        for dotted in sorted(k for k in data if "." in k):
+            tier, _, setting_name = dotted.partition(".")
+            if tier in ("l1", "l2") and isinstance(values.get(tier, {}), Mapping):
+                values[tier] = {**values.get(tier, {}), setting_name: data[dotted]}
+            else:
+                values[dotted] = data[dotted]
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - fields)
         if unknown:
-            raise ConfigError(f"unknown setting(s) {unknown}; accepted: {sorted(names)}")
-        values = dict(data)
+            raise ConfigError(f"unknown setting(s) {unknown}; accepted: {sorted(store_settings())}")
         for tier in ("l1", "l2"):
             raw = values.get(tier)
             if isinstance(raw, Mapping):
@@ -234,6 +243,7 @@ class StoreConfig:
                 values[tier] = TierConfig(**raw)
         if isinstance(values.get("fingerprint"), str):
             values["fingerprint"] = values["fingerprint"].encode()
+        values["names"] = {**names_given, **(names or {})}
         try:
             return cls(**values)
         except TypeError as exc:  # a required setting is missing
@@ -285,6 +295,18 @@ class StoreConfig:
         """Raise ConfigError unless 0 <= rank < tp_size."""
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.tp_size:
             raise ConfigError(f"rank must be in [0, tp_size={self.tp_size}), got {rank!r}")
+
+
+def store_settings() -> dict[str, Setting]:
+    """Every store setting by name, the tiers' as `l1.path`, `l1.bytes_to_use`, ..."""
+    out = {k: v for k, v in settings_of(StoreConfig).items() if k not in ("l1", "l2")}
+    for tier in ("l1", "l2"):
+        for part, declared in settings_of(TierConfig).items():
+            name = f"{tier}.{part}"
+            out[name] = dataclasses.replace(declared, name=name)
+            if tier == "l2":
+                out[name] = dataclasses.replace(out[name], optional=True, default=None)
+    return out
 
 
 def prepare_dir(path: str | os.PathLike[str], setting: str) -> Path:

@@ -37,7 +37,7 @@ class L1RankFile:
         self, config: StoreConfig, rank: int, *, create: bool, populate: bool | None = None
     ) -> None:
         config.check_tp_rank(rank)
-        prepare_dir(config.l1.path, "l1.path")
+        prepare_dir(config.l1.path, config.key("l1.path"))
         self.config = config
         self.rank = rank
         self.stride = config.stride
@@ -54,16 +54,16 @@ class L1RankFile:
                 self.path,
                 size,
                 want.encode(),
-                "l1.bytes_to_use",
-                "l1.path",
-                f"Every running engine needs its own engine_id (now {config.engine_id!r}) "
-                "or its own l1.path.",
+                config.key("l1.bytes_to_use"),
+                config.key("l1.path"),
+                f"Every running engine needs its own {config.key('engine_id')} "
+                f"(now {config.engine_id!r}) or its own {config.key('l1.path')}.",
                 allocate=not in_parallel,
             )
             remove_stale_l1(self.path.parent)
         else:
             try:
-                self._fd = open_pool_file(self.path, "l1.path", create=False)
+                self._fd = open_pool_file(self.path, config.key("l1.path"), create=False)
             except FileNotFoundError:
                 raise LayoutMismatchError(
                     f"L1 file {self.path} for tp rank {rank} does not exist: the worker of "

@@ -40,19 +40,19 @@ class L2RankFile:
 
     def __init__(self, config: StoreConfig, rank: int, wipe: bool = True) -> None:
         assert config.l2 is not None
-        prepare_dir(config.l2.path, "l2.path")
+        prepare_dir(config.l2.path, config.key("l2.path"))
         want = expected_superblock(config, rank, L2_MAGIC, config.l2_slots, config.l2_payload_bytes)
         self._setup(config.l2_file(rank), want)
-        self._fd = open_pool_file(self.path, "l2.path", create=True)
+        self._fd = open_pool_file(self.path, config.key("l2.path"), create=True)
         self._dfd = -1
         try:
             lock_or_raise(
                 self._fd,
                 self.path,
-                f"Every running engine needs its own engine_id (now {config.engine_id!r}) "
-                "or its own l2.path.",
+                f"Every running engine needs its own {config.key('engine_id')} "
+                f"(now {config.engine_id!r}) or its own {config.key('l2.path')}.",
             )
-            self._open_or_wipe(wipe)
+            self._open_or_wipe(wipe, config.key("l2.bytes_to_use"))
             self._dfd = self._open_direct(config)
         except BaseException:
             self._close_fds()
@@ -92,7 +92,7 @@ class L2RankFile:
         self.size = self.data_offset + self.num_slots * self.payload_bytes
         self.wiped = False
 
-    def _open_or_wipe(self, wipe: bool) -> None:
+    def _open_or_wipe(self, wipe: bool, budget_key: str) -> None:
         st = os.fstat(self._fd)
         reason = ""
         if st.st_size == 0:
@@ -120,7 +120,7 @@ class L2RankFile:
         write_all(self._fd, bytes(PAGE), 0)
         os.ftruncate(self._fd, 0)
         try:
-            reserve(self._fd, self.size, self.path, "l2.bytes_to_use")
+            reserve(self._fd, self.size, self.path, budget_key)
         except BaseException:
             os.ftruncate(self._fd, 0)  # give back whatever was allocated
             raise

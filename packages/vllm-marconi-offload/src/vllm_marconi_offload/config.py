@@ -6,84 +6,103 @@ silently fall back to a default). Errors name the key and the accepted values.
 
 from __future__ import annotations
 
-import contextlib
-import math
-import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-import kvpool_mmap
 from kv_eviction import validate_policy
-from kvpool_mmap import (
-    DIRECT_IO_MODES,
-    FSYNC_MODES,
-    L1_OVERFLOW_MODES,
-    MAX_IO_THREADS,
-    MAX_TIER_BYTES,
-    L1Overflow,
-)
-from pydantic import ByteSize, TypeAdapter, ValidationError
+from kvpool_mmap import ConfigError as StoreConfigError
+from kvpool_mmap import L1Overflow, Setting, expose, setting, settings_of, store_settings
 
 from .log import logger
 
 DEFAULT_CPU_BYTES = 8 << 30
-DEFAULT_EVICTION_POLICY = "auto"
 LOAD_MODES = ("async", "same_step", "layer_wise")
 EVICTION_ALIASES = {"eviction_decay": "decay", "eviction_reuse_mode": "reuse_mode"}
 """The seed's flat keys: aliases of the `marconi` policy's options in `eviction_options`
 (with another policy they are ignored, with a warning: `ignored_keys`)."""
+_STORE = store_settings()
 
 
 class ConfigError(ValueError):
     """A `kv_connector_extra_config` value is invalid; the message names the key."""
 
 
-POOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_BYTE_SIZE = TypeAdapter(ByteSize)
-_BARE_UNIT = re.compile(r"^\s*[0-9.]+\s*[kmgtpe]\s*$", re.IGNORECASE)
-
-
 @dataclass(frozen=True)
 class OffloadConfig:
-    """Validated connector settings.
+    """Validated connector settings, each declared once here or (store settings) in
+    kvpool-mmap, exposed under the connector's key.
 
     `cpu_bytes_to_use` and `l2_bytes_to_use` are totals for the server; the store divides
     them by data-parallel size and tensor-parallel size.
     """
 
-    cpu_pool_path: str | None = None
-    cpu_bytes_to_use: int = DEFAULT_CPU_BYTES
-    l2_pool_path: str | None = None
-    l2_bytes_to_use: int = 0
-    eviction_policy: str = DEFAULT_EVICTION_POLICY
-    eviction_options: Mapping[str, Any] = field(default_factory=dict)
+    cpu_pool_path: str | None = expose(
+        _STORE["l1.path"],
+        default=None,
+        optional=True,
+        doc="Directory of the L1 (tmpfs) pool files; not set: a directory of this engine "
+        "instance under /dev/shm, removed when it exits.",
+    )
+    cpu_bytes_to_use: int = expose(
+        _STORE["l1.bytes_to_use"],
+        default=DEFAULT_CPU_BYTES,
+        doc="L1 budget for the whole server, split evenly over data-parallel x "
+        "tensor-parallel ranks; reserved at startup (a tmpfs too small fails then).",
+    )
+    l2_pool_path: str | None = expose(
+        _STORE["l2.path"], doc="Directory of the L2 (disk) pool files; not set: no L2."
+    )
+    l2_bytes_to_use: int = expose(
+        _STORE["l2.bytes_to_use"],
+        default=0,
+        minimum=0,
+        optional=False,
+        doc="L2 budget for the whole server (set with `l2_pool_path`), split as "
+        "`cpu_bytes_to_use` is.",
+    )
+    eviction_policy: str = expose(_STORE["eviction_policy"])
+    eviction_options: Mapping[str, Any] = expose(_STORE["eviction_options"])
     """Options of `eviction_policy`, the flat aliases folded in; kv-eviction validated both."""
-    admission_threshold: int = 1
-    # A full L1 in front of a slower L2: "demote" (the seed's design) refuses new blocks
-    # until the victims' L2 writes land and leaves recomputed L2 hits in L2 only;
-    # "drop_unwritten" makes L1 work as it would alone: it keeps storing new blocks, drops
-    # the oldest ones not yet written to L2, and stores recomputed L2 hits into L1 again.
-    l1_overflow: L1Overflow = "demote"
-    # When a hit's blocks reach the GPU: "same_step" (it is scheduled at once and the step's
-    # forward waits for the load on the GPU), "layer_wise" (as same_step, but on CUDA each
-    # attention layer vLLM runs eagerly waits only for its own layer's load) or "async" (a
-    # request waits, out of the batch, until its load has landed).
-    load_mode: str = "layer_wise"
-    # Log a `[CPU-OFFLOAD HIT]` line every this many finished lookups.
-    hit_log_interval: int = 10
-    # Read bandwidth (bytes/s) assumed for L2 until measured; used to decide whether an
-    # L2 hit is cheaper to load than to recompute.
-    l2_read_bytes_per_s: float = 1.5e9
-    # Prefill throughput (tokens/s) assumed until measured; see `l2_read_bytes_per_s`.
-    prefill_tokens_per_s: float = 0.0
-    pool_name: str | None = None
-    # kvpool-mmap's storage knobs (see its README).
-    l2_fsync: str = "batch"
-    direct_io: str = "auto"
-    io_threads: int = 4
-    verify_on_open: bool = False
+    admission_threshold: int = expose(_STORE["admission_threshold"])
+    l1_overflow: L1Overflow = expose(_STORE["l1_overflow"])
+    load_mode: str = setting(
+        "choice",
+        "When a hit's blocks reach the GPU: `same_step` (scheduled at once, the step's "
+        "forward waits for the load), `layer_wise` (as same_step; on CUDA each attention "
+        "layer waits only for its own layer) or `async` (the request waits out of the batch).",
+        "layer_wise",
+        choices=LOAD_MODES,
+    )
+    hit_log_interval: int = setting(
+        "int", "Log a `[CPU-OFFLOAD HIT]` line every this many finished lookups.", 10
+    )
+    l2_read_bytes_per_s: float = setting(
+        "number",
+        "L2 read bandwidth (bytes/s) assumed until measured: decides whether an L2 hit is "
+        "cheaper to load than to recompute.",
+        1.5e9,
+        minimum=1.0,
+    )
+    prefill_tokens_per_s: float = setting(
+        "number",
+        "Prefill throughput (tokens/s) assumed until measured; see `l2_read_bytes_per_s`.",
+        0.0,
+        minimum=0.0,
+    )
+    pool_name: str | None = expose(
+        _STORE["engine_id"],
+        default=None,
+        optional=True,
+        doc="Names this engine's pool files as it is; not set: the model's name and a "
+        "fingerprint of its layout (stable across restarts).",
+    )
+    l2_fsync: str = expose(_STORE["l2_fsync"])
+    direct_io: str = expose(_STORE["direct_io"])
+    io_threads: int = expose(_STORE["io_threads"])
+    verify_on_open: bool = expose(_STORE["verify_on_open"])
     extra: Mapping[str, Any] = field(default_factory=dict)
+    """The keys as the user gave them."""
 
     @property
     def has_l2(self) -> bool:
@@ -93,44 +112,36 @@ class OffloadConfig:
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> OffloadConfig:
         """Validate `kv_connector_extra_config` and build the settings."""
         extra = dict(extra or {})
-        unknown = sorted(set(extra) - _KNOWN_KEYS)
+        unknown = sorted(set(extra) - set(SETTINGS))
         if unknown:
             raise ConfigError(
                 f"kv_connector_extra_config: unknown key(s) {unknown}; "
-                f"accepted keys: {sorted(_KNOWN_KEYS)}"
+                f"accepted keys: {sorted(SETTINGS)}"
             )
-        cpu_pool_path = _optional_path(extra, "cpu_pool_path")
-        l2_pool_path = _optional_path(extra, "l2_pool_path")
-        l2_bytes = _bytes(extra, "l2_bytes_to_use", 0, minimum=0)
-        if l2_pool_path is None and l2_bytes:
+        values = {}
+        for name, declared in settings_of(cls).items():
+            try:
+                values[name] = declared.check(extra.get(name, declared.default))
+            except StoreConfigError as exc:
+                raise ConfigError(str(exc)) from None
+        if values["l2_pool_path"] is None and values["l2_bytes_to_use"]:
             raise ConfigError("l2_bytes_to_use is set but l2_pool_path is not; set both or neither")
-        if l2_pool_path is not None and not l2_bytes:
+        if values["l2_pool_path"] is not None and not values["l2_bytes_to_use"]:
             raise ConfigError("l2_pool_path is set: l2_bytes_to_use must be a positive byte count")
-        policy, options = _eviction(extra)
-        config = cls(
-            cpu_pool_path=cpu_pool_path,
-            cpu_bytes_to_use=_bytes(extra, "cpu_bytes_to_use", DEFAULT_CPU_BYTES, minimum=1),
-            l2_pool_path=l2_pool_path,
-            l2_bytes_to_use=l2_bytes,
-            eviction_policy=policy,
-            eviction_options=options,
-            admission_threshold=_int(extra, "admission_threshold", 1, minimum=1),
-            l1_overflow=cast(
-                L1Overflow, _choice(extra, "l1_overflow", "demote", L1_OVERFLOW_MODES)
-            ),
-            load_mode=_choice(extra, "load_mode", "layer_wise", LOAD_MODES),
-            hit_log_interval=_int(extra, "hit_log_interval", 10, minimum=1),
-            l2_read_bytes_per_s=_float(extra, "l2_read_bytes_per_s", 1.5e9, minimum=1.0),
-            prefill_tokens_per_s=_float(extra, "prefill_tokens_per_s", 0.0, minimum=0.0),
-            pool_name=_pool_name(extra),
-            l2_fsync=_choice(extra, "l2_fsync", "batch", FSYNC_MODES),
-            direct_io=_choice(extra, "direct_io", "auto", DIRECT_IO_MODES),
-            io_threads=_int(extra, "io_threads", 4, minimum=1, maximum=MAX_IO_THREADS),
-            verify_on_open=_bool(extra, "verify_on_open", False),
-            extra=extra,
-        )
+        values["eviction_policy"], values["eviction_options"] = _eviction(extra)
+        config = cls(**values, extra=extra)
         config.warn_ignored_keys()
         return config
+
+    def store_values(self) -> dict[str, Any]:
+        """The kvpool-mmap settings the user set, by kvpool-mmap's names."""
+        return {
+            declared.store_name: getattr(self, name)
+            for name, declared in settings_of(OffloadConfig).items()
+            if declared.store_name
+            and getattr(self, name) is not None
+            and (self.has_l2 or not declared.store_name.startswith("l2."))
+        }
 
     def ignored_keys(self) -> list[str]:
         """Keys the user set that this configuration does not use."""
@@ -153,123 +164,22 @@ class OffloadConfig:
             logger.warning("kv_connector_extra_config: %s is ignored: %s", key, reason)
 
 
-_KNOWN_KEYS = frozenset(
-    {
-        "cpu_pool_path",
-        "cpu_bytes_to_use",
-        "l2_pool_path",
-        "l2_bytes_to_use",
-        "eviction_policy",
-        "eviction_options",
-        "eviction_decay",
-        "eviction_reuse_mode",
-        "admission_threshold",
-        "l1_overflow",
-        "load_mode",
-        "hit_log_interval",
-        "l2_read_bytes_per_s",
-        "prefill_tokens_per_s",
-        "pool_name",
-        "l2_fsync",
-        "direct_io",
-        "io_threads",
-        "verify_on_open",
-    }
-)
-_MARCONI_KEYS = ("eviction_decay", "eviction_reuse_mode")
-_L2_KEYS = ("l2_fsync", "direct_io", "verify_on_open", "l2_read_bytes_per_s", "l1_overflow")
-
-# kvpool-mmap's names of the settings users give under the keys above.
-_KVPOOL_SETTING_KEYS = {
-    "l1.bytes_to_use": "cpu_bytes_to_use",
-    "l1.path": "cpu_pool_path",
-    "l2.bytes_to_use": "l2_bytes_to_use",
-    "l2.path": "l2_pool_path",
-    "engine_id": "pool_name",
-}
-_KVPOOL_SETTING = re.compile(
-    r"(?<![\w.])(" + "|".join(re.escape(k) for k in _KVPOOL_SETTING_KEYS) + r")(?![\w])"
-)
-
-
-def in_user_terms(text: str) -> str:
-    """`text` with kvpool-mmap's setting names replaced by the user's keys."""
-    return _KVPOOL_SETTING.sub(lambda m: _KVPOOL_SETTING_KEYS[m.group(1)], text)
-
-
-@contextlib.contextmanager
-def user_keys() -> Iterator[None]:
-    """Re-raise kvpool-mmap errors (same type) with the user's key names in the message,
-    e.g. `cpu_bytes_to_use` where kvpool-mmap says `l1.bytes_to_use`."""
-    try:
-        yield
-    except kvpool_mmap.KvPoolError as exc:
-        message = in_user_terms(
-            exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        )
-        if isinstance(exc, OSError) and exc.errno is not None:
-            raise type(exc)(exc.errno, message) from exc
-        raise type(exc)(message) from exc
-
-
-def _int(
-    extra: Mapping[str, Any], key: str, default: int, *, minimum: int, maximum: int | None = None
-) -> int:
-    value = extra.get(key, default)
-    bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-    wrong = ConfigError(f"{key} must be an integer {bound}, got {value!r}")
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise wrong
-    try:
-        number = int(value)
-    except (ValueError, OverflowError):  # "x", NaN, inf
-        raise wrong from None
-    if isinstance(value, float) and number != value:
-        raise wrong
-    if number < minimum or (maximum is not None and number > maximum):
-        raise wrong
-    return number
-
-
-def _bytes(extra: Mapping[str, Any], key: str, default: int, *, minimum: int) -> int:
-    """A byte count: an integer, or a size string such as "8GiB" (2^30 units) or "8GB"
-    (10^9 units), at most MAX_TIER_BYTES."""
-    value = extra.get(key, default)
-    accepted = (
-        f"{key} must be a byte count in [{minimum}, 2^60] such as 8GiB, 512MiB, 8GB or "
-        f"8589934592, got {value!r}"
+_ALIASES = {
+    key: Setting(
+        "any",
+        f'The `marconi` policy\'s `{option}` (same as `eviction_options["{option}"]`).',
+        None,
+        accepts="see kv-eviction's `marconi` options",
+        name=key,
     )
-    if isinstance(value, str) and not value.strip().isdigit():
-        if _BARE_UNIT.match(value):
-            raise ConfigError(f"{accepted}: write GiB (2^30) or GB (10^9), not a bare unit")
-        try:
-            value = int(_BYTE_SIZE.validate_python(value))
-        except ValidationError:
-            raise ConfigError(accepted) from None
-    try:
-        return _int({key: value}, key, default, minimum=minimum, maximum=MAX_TIER_BYTES)
-    except ConfigError:
-        raise ConfigError(accepted) from None
-
-
-def _bool(extra: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = extra.get(key, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{key} must be true or false, got {value!r}")
-    return value
-
-
-def _float(extra: Mapping[str, Any], key: str, default: float, *, minimum: float) -> float:
-    value = extra.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ConfigError(f"{key} must be a number >= {minimum}, got {value!r}")
-    try:
-        number = float(value)
-    except ValueError:
-        raise ConfigError(f"{key} must be a number >= {minimum}, got {value!r}") from None
-    if not math.isfinite(number) or number < minimum:
-        raise ConfigError(f"{key} must be a finite number >= {minimum}, got {value!r}")
-    return number
+    for key, option in EVICTION_ALIASES.items()
+}
+SETTINGS: dict[str, Setting] = {**settings_of(OffloadConfig), **_ALIASES}
+"""Every key of `kv_connector_extra_config`, declared once."""
+USER_KEYS = {s.store_name: key for key, s in SETTINGS.items() if s.store_name}
+"""The user's key of each kvpool-mmap setting the connector exposes (for its errors)."""
+_MARCONI_KEYS = tuple(EVICTION_ALIASES)
+_L2_KEYS = ("l2_fsync", "direct_io", "verify_on_open", "l2_read_bytes_per_s", "l1_overflow")
 
 
 def _eviction(extra: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -279,7 +189,7 @@ def _eviction(extra: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     kv-eviction's registry is the one list of policies and options: a policy registered
     there (`kv_eviction.register_policy`) is configurable here without an edit.
     """
-    policy = extra.get("eviction_policy", DEFAULT_EVICTION_POLICY)
+    policy = extra.get("eviction_policy", SETTINGS["eviction_policy"].default)
     raw = extra.get("eviction_options", {})
     if not isinstance(raw, Mapping):
         raise ConfigError(f"eviction_options must be a mapping of option names, got {raw!r}")
@@ -297,32 +207,3 @@ def _eviction(extra: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     except ValueError as exc:
         raise ConfigError(f"{' / '.join(keys)}: {exc}") from None
     return str(policy), options
-
-
-def _choice(extra: Mapping[str, Any], key: str, default: str, accepted: tuple[str, ...]) -> str:
-    value = extra.get(key, default)
-    if value not in accepted:
-        raise ConfigError(f"{key} must be one of {list(accepted)}, got {value!r}")
-    return str(value)
-
-
-def _optional_path(extra: Mapping[str, Any], key: str) -> str | None:
-    value = extra.get(key)
-    if value is None:
-        return None
-    try:
-        return kvpool_mmap.check_pool_path(value, key)
-    except kvpool_mmap.ConfigError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def _pool_name(extra: Mapping[str, Any]) -> str | None:
-    value = extra.get("pool_name")
-    if value is None:
-        return None
-    if not isinstance(value, str) or not POOL_NAME.match(value):
-        raise ConfigError(
-            f"pool_name must be 1-64 characters of A-Z a-z 0-9 _ . - (it names the pool "
-            f"files as it is), got {value!r}"
-        )
-    return value

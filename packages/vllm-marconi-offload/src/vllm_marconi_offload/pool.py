@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvpool_mmap import StoreConfig, TierConfig, remove_stale_l1
+from kvpool_mmap import StoreConfig, remove_stale_l1
 from vllm_kv_identity import weights_fingerprint
 
-from .config import OffloadConfig, user_keys
+from .config import USER_KEYS, OffloadConfig
 from .layout import LayoutError, SlotLayout
 
 ANONYMOUS_L1_ROOT = "/dev/shm"
@@ -101,31 +101,17 @@ def build_store_config(
     """The `StoreConfig` every process of this engine derives."""
     fingerprint = layout_fingerprint(vllm_config, layout, block_size)
     parallel = vllm_config.parallel_config
-    l1_path = config.cpu_pool_path or anonymous_l1_dir(vllm_config)
-    l2 = (
-        TierConfig(path=config.l2_pool_path, bytes_to_use=config.l2_bytes_to_use)
-        if config.l2_pool_path is not None
-        else None
-    )
-    with user_keys():  # kvpool-mmap's messages, in the user's key names
-        return StoreConfig(
-            stride=layout.stride,
-            engine_id=engine_name(vllm_config, config, fingerprint),
-            fingerprint=fingerprint,
-            l1=TierConfig(path=l1_path, bytes_to_use=config.cpu_bytes_to_use),
-            l2=l2,
-            dp_size=int(parallel.data_parallel_size),
-            tp_size=int(parallel.tensor_parallel_size),
-            dp_rank=int(getattr(parallel, "data_parallel_rank", 0) or 0),
-            eviction_policy=config.eviction_policy,
-            eviction_options=config.eviction_options,
-            admission_threshold=config.admission_threshold,
-            l2_fsync=config.l2_fsync,  # type: ignore[arg-type]  # validated against FSYNC_MODES
-            direct_io=config.direct_io,  # type: ignore[arg-type]  # and DIRECT_IO_MODES
-            io_threads=config.io_threads,
-            verify_on_open=config.verify_on_open,
-            l1_overflow=config.l1_overflow,
-        )
+    values = {
+        **config.store_values(),
+        "stride": layout.stride,
+        "engine_id": engine_name(vllm_config, config, fingerprint),
+        "fingerprint": fingerprint,
+        "l1.path": config.cpu_pool_path or anonymous_l1_dir(vllm_config),
+        "dp_size": int(parallel.data_parallel_size),
+        "tp_size": int(parallel.tensor_parallel_size),
+        "dp_rank": int(getattr(parallel, "data_parallel_rank", 0) or 0),
+    }
+    return StoreConfig.from_dict(values, names=USER_KEYS)  # errors in the user's keys
 
 
 def _slug(text: str) -> str:

@@ -16,7 +16,7 @@ from kvpool_mmap import StoreConfig, TieredStore
 from vllm_kv_identity import restart_hash_problem
 
 from . import compat
-from .config import OffloadConfig, user_keys
+from .config import OffloadConfig
 from .cost import LoadCostModel
 from .layout import SlotLayout
 from .log import logger
@@ -90,8 +90,7 @@ class OffloadSpec:
     def open_store(self) -> TieredStore:
         """Scheduler side: attach to the workers' L1 files (after they registered their
         KV caches) and open or recover L2."""
-        with user_keys():
-            store = TieredStore(adopt_physical_layout(self.store_config), create_l1=False)
+        store = TieredStore(adopt_physical_layout(self.store_config), create_l1=False)
         if self.store_config.l2 is not None:
             logger.info(recovery_line(store.recovery, self.store_config.l2.path))
         if self.config.cpu_pool_path is None:

@@ -31,7 +31,7 @@ import torch
 from kvpool_mmap import StoreConfig, open_l1_rank
 
 from .block_copy import BlockCopier, physical_layout
-from .config import ConfigError, user_keys
+from .config import ConfigError
 from .cuda_mover import CudaBlockMover, staging_bytes_from_env
 from .layer_waits import LayerWaits
 from .layout import SlotLayout
@@ -93,10 +93,9 @@ class OffloadWorker:
         self._copier = BlockCopier(self._layout, kv_caches)
         physical = physical_layout(self._layout, kv_caches)
         reclaim_anonymous_l1(self._store_config)
-        with user_keys():  # locks the pool before anything is written
-            l1 = open_l1_rank(
-                with_physical_layout(self._store_config, physical), rank=self._rank, create=True
-            )
+        l1 = open_l1_rank(  # locks the pool before anything is written
+            with_physical_layout(self._store_config, physical), rank=self._rank, create=True
+        )
         publish_physical_layout(self._store_config, self._rank, physical)
         # Removed with the L1 file, also where vLLM never calls shutdown (the L1 file's own
         # finalizer removes it at interpreter exit; so does this one the note).
