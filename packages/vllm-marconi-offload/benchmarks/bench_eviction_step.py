@@ -53,6 +53,7 @@ import tempfile
 import time
 from collections.abc import Hashable
 from concurrent.futures import ProcessPoolExecutor
+from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -210,6 +211,12 @@ def load_base(folder: str) -> ModuleType:
             raise SystemExit(f"--base {folder}: not a kv_eviction package folder")
         sys.modules[BASE] = module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        if hasattr(module, "ENTRY_POINT_GROUP"):
+            # its built-ins are entry points naming the installed `kv_eviction`: use its own
+            for entry in entry_points(group=module.ENTRY_POINT_GROUP):
+                if entry.module.startswith("kv_eviction."):
+                    own = importlib.import_module(BASE + entry.module.removeprefix("kv_eviction"))
+                    module.register_policy(entry.name, getattr(own, entry.attr))
     return sys.modules[BASE]
 
 

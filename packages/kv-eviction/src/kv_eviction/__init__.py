@@ -17,6 +17,7 @@ from .chainheap import ChainHeapPolicy
 from .lru import LRUPolicy
 from .marconi import REUSE_MODES, MarconiPolicy
 from .policy import (
+    ENTRY_POINT_GROUP,
     EvictionPolicy,
     PolicyStats,
     make_policy,
@@ -28,6 +29,7 @@ from .simulator import SimResult, simulate
 from .trace import Request, Trace
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "REUSE_MODES",
     "AdmissionTracker",
     "AutoPolicy",

@@ -75,7 +75,7 @@ from .candidate import (
     CandidatePolicy,
 )
 from .chainheap import COMPACT_FACTOR, COMPACT_SLACK, SLOT_BITS, SLOT_MASK, ChainHeapPolicy
-from .policy import register_policy, reject_unknown_options
+from .policy import reject_unknown_options
 from .retention import Retention
 
 __all__ = ["DEFAULT_CANDIDATES", "MARCONI_SHAPE", "AutoPolicy", "Candidate", "CandidatePolicy"]
@@ -479,7 +479,7 @@ def _cold_start_rule(candidates: Sequence[Candidate]) -> int:
     return 0
 
 
-def _build(**options: Any) -> AutoPolicy:
+def build(**options: Any) -> AutoPolicy:
     accepted = (
         "sample_entries",
         "sample_budget",
@@ -510,6 +510,3 @@ def _build(**options: Any) -> AutoPolicy:
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
             raise ValueError(f"option {name!r} must be a number in [0, 1); got {value!r}")
     return AutoPolicy(**options)
-
-
-register_policy("auto", _build)

@@ -38,7 +38,7 @@ from typing import Any
 from ._ghost import Ghost, probe
 from .chainheap import SEQ_BITS, SLOT_BITS, SLOT_MASK, ChainHeapPolicy
 from .marconi import float_order_bits
-from .policy import register_policy, reject_unknown_options
+from .policy import reject_unknown_options
 
 __all__ = [
     "DOORKEEPER_LFU",
@@ -276,13 +276,16 @@ class RulePolicy(CandidatePolicy):
         return super().pop_victims(n)
 
 
-def _register(candidate: Candidate) -> None:
+def _rule_factory(candidate: Candidate) -> Callable[..., RulePolicy]:
     def build(**options: Any) -> RulePolicy:
         reject_unknown_options(candidate.name, options, ())
         return RulePolicy(candidate)
 
-    register_policy(candidate.name, build)
+    return build
 
 
-for _rule in (DOORKEEPER_LRU, DOORKEEPER_LFU, PROBATION_LRU):
-    _register(_rule)
+# The `make_policy` factories of the fixed rules (kv-eviction's `kv_eviction.policies`
+# entry points name them).
+build_doorkeeper_lru = _rule_factory(DOORKEEPER_LRU)
+build_doorkeeper_lfu = _rule_factory(DOORKEEPER_LFU)
+build_probation_lru = _rule_factory(PROBATION_LRU)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .chainheap import ChainHeapPolicy
-from .policy import register_policy, reject_unknown_options
+from .policy import reject_unknown_options
 
 __all__ = ["LRUPolicy"]
 
@@ -25,9 +25,6 @@ class LRUPolicy(ChainHeapPolicy):
         return seq
 
 
-def _build(**options: Any) -> LRUPolicy:
+def build(**options: Any) -> LRUPolicy:
     reject_unknown_options("lru", options, ())
     return LRUPolicy()
-
-
-register_policy("lru", _build)

@@ -22,7 +22,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from .chainheap import SEQ_BITS, SLOT_BITS, SLOT_MASK, ChainHeapPolicy
-from .policy import register_policy, reject_unknown_options
+from .policy import reject_unknown_options
 
 __all__ = ["REUSE_MODES", "MarconiPolicy"]
 
@@ -112,9 +112,6 @@ class MarconiPolicy(ChainHeapPolicy):
         return (float_order_bits(self._log_key(slot)) << SEQ_BITS) | seq
 
 
-def _build(**options: Any) -> MarconiPolicy:
+def build(**options: Any) -> MarconiPolicy:
     reject_unknown_options("marconi", options, ("decay", "reuse_mode"))
     return MarconiPolicy(**options)
-
-
-register_policy("marconi", _build)

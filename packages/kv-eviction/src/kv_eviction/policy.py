@@ -16,11 +16,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, cast
 
 from .retention import Retention
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "EvictionPolicy",
     "PolicyStats",
     "make_policy",
@@ -119,30 +121,89 @@ class EvictionPolicy(ABC):
 
 
 PolicyFactory = Callable[..., EvictionPolicy]
+ENTRY_POINT_GROUP = "kv_eviction.policies"
 _REGISTRY: dict[str, PolicyFactory] = {}
 
 
 def register_policy(name: str, factory: PolicyFactory) -> None:
-    """Make `factory(**options)` available as `make_policy(name, **options)`."""
+    """Make `factory(**options)` available as `make_policy(name, **options)` in this process.
+
+    A name registered here wins over an entry point of the same name. A distribution
+    declares policies without code instead, as entry points of group `kv_eviction.policies`
+    whose objects are such factories (kv-eviction's own policies come that way):
+
+        [project.entry-points."kv_eviction.policies"]
+        my-policy = "my_package.my_module:build"
+    """
     _REGISTRY[name] = factory
 
 
+def _declared() -> dict[str, list[EntryPoint]]:
+    """The installed distributions' policy entry points by name, one per target."""
+    found: dict[str, list[EntryPoint]] = {}
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        same_name = found.setdefault(entry.name, [])
+        if all(other.value != entry.value for other in same_name):
+            same_name.append(entry)
+    return found
+
+
+def _origin(entry: EntryPoint) -> str:
+    dist = entry.dist
+    where = f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
+    return f"{entry.value!r} ({where})"
+
+
 def policy_names() -> list[str]:
-    """Registered policy names, sorted."""
-    return sorted(_REGISTRY)
+    """Policy names `make_policy` accepts (registered or installed as entry points), sorted."""
+    return sorted(set(_REGISTRY) | set(_declared()))
 
 
-def make_policy(name: str, **options: Any) -> EvictionPolicy:
-    """Build the policy registered as `name`, validating every option.
-
-    Raises `ValueError` naming the bad option (or name) and the accepted values.
-    """
+def _factory(name: str) -> PolicyFactory:
+    """The factory of `name`: registered in this process, else loaded from its entry point
+    (once; later calls find it registered)."""
     factory = _REGISTRY.get(name)
-    if factory is None:
+    if factory is not None:
+        return factory
+    entries = _declared().get(name, [])
+    if not entries:
         raise ValueError(
             f"eviction policy {name!r} is unknown; accepted values: {', '.join(policy_names())}"
         )
-    return factory(**options)
+    if len(entries) > 1:
+        raise ValueError(
+            f"eviction policy {name!r} is declared by more than one installed distribution "
+            f"(entry-point group {ENTRY_POINT_GROUP!r}): "
+            f"{', '.join(_origin(entry) for entry in entries)}; uninstall all but one"
+        )
+    try:
+        loaded = entries[0].load()
+    except Exception as exc:
+        raise ImportError(
+            f"eviction policy {name!r}: its entry point {_origin(entries[0])} does not load: {exc}"
+        ) from exc
+    if not callable(loaded):
+        raise TypeError(
+            f"eviction policy {name!r}: entry point {_origin(entries[0])} names "
+            f"{type(loaded).__name__} {loaded!r}, not a factory"
+        )
+    _REGISTRY[name] = loaded
+    return cast(PolicyFactory, loaded)
+
+
+def make_policy(name: str, **options: Any) -> EvictionPolicy:
+    """Build the policy registered or installed as `name`, validating every option.
+
+    Raises `ValueError` naming the bad option (or name) and the accepted values, and
+    `TypeError` if the factory does not return an `EvictionPolicy`.
+    """
+    policy = _factory(name)(**options)
+    if not isinstance(policy, EvictionPolicy):
+        raise TypeError(
+            f"eviction policy {name!r}: its factory returned {type(policy).__name__}, "
+            "not an EvictionPolicy"
+        )
+    return policy
 
 
 def validate_policy(name: object, options: object = None) -> None:
