@@ -5,8 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvpool_mmap import RecoveryReport, StoreConfig, Tier, TierConfig, TieredStore
-from kvpool_mmap._recovery import RecoveredBlock
+from kvpool_mmap import (
+    RecoveredBlock,
+    RecoveryReport,
+    StoreConfig,
+    Tier,
+    TierConfig,
+    TieredStore,
+)
 from vllm_marconi_offload.stats import (
     HitCounters,
     ReportedStats,

@@ -34,7 +34,7 @@ from ._errors import (
 )
 from ._l1 import L1RankFile, open_l1_rank
 from ._pools import PoolFile, inspect_pool_file, pool_files, remove_if_stale, remove_stale_l1
-from ._recovery import RecoveryReport, check_l2, check_l2_files
+from ._recovery import RecoveredBlock, RecoveryReport, check_l2, check_l2_files
 from ._settings import (
     SIZE_EXAMPLES,
     Setting,
@@ -69,6 +69,7 @@ __all__ = [
     "LoadTicket",
     "PoolFile",
     "PoolInUseError",
+    "RecoveredBlock",
     "RecoveryReport",
     "Setting",
     "StoreConfig",

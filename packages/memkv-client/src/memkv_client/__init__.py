@@ -26,7 +26,7 @@ from .errors import (
     ValueTooLargeError,
 )
 from .results import ItemResult, ResultKind
-from .topology import host_has_nic_per_gpu, rdma_affinity, select_rail
+from .topology import choose_nic, host_has_nic_per_gpu, rdma_affinity, select_rail
 
 __all__ = [
     "AuthError",
@@ -53,6 +53,7 @@ __all__ = [
     "TransportError",
     "ValueTooLargeError",
     "__version__",
+    "choose_nic",
     "host_has_nic_per_gpu",
     "load_config",
     "rdma_affinity",
