@@ -36,7 +36,8 @@ def read_frame(sock: socket.socket) -> p.Frame | None:
 
 
 class RawSession:
-    """A HELLO'd connection: `request` signs with the session key and the next id."""
+    """An authenticated connection (HELLO, then AUTH answering its challenge): `request`
+    signs with the session key and the next id."""
 
     def __init__(self, port: int, key: bytes, timeout: float = 10.0, rcvbuf: int = 0) -> None:
         self.key = Signer(key)
@@ -53,8 +54,12 @@ class RawSession:
         assert reply.header.status == p.Status.OK, reply.meta
         assert self.key.hello_reply(nonce).verify(reply.header.pack(), reply.meta, reply.mac)
         self.info = p.decode_hello_reply(reply.meta)
-        self.session = self.key.session(nonce, self.info.boot_nonce, self.info.conn_nonce)
+        self.session = self.key.session(nonce, self.info.boot_nonce, self.info.challenge)
         self.sent: list[bytes] = []  # every request frame, for replays
+        reply = self.request(p.Op.AUTH, p.encode_auth(self.info.challenge))
+        assert reply is not None, "no AUTH reply"
+        assert reply.header.status == p.Status.OK, reply.meta
+        self.sent.clear()
 
     def next_frame(self, op: int, meta: bytes, bulk: bytes = b"", **kw: int) -> bytes:
         self.rid = (self.rid + 1) & 0xFFFFFFFF

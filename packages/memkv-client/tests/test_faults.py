@@ -133,19 +133,19 @@ def test_captured_put_with_swapped_value_is_never_stored(fresh_server: ServerPro
 
     def replay_elsewhere(port: int) -> p.Frame | None:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            s.sendall(captured_hello)  # a replayed HELLO gets a fresh connection nonce
+            s.sendall(captured_hello)  # a replayed HELLO gets a fresh challenge, no AUTH
             assert read_frame(s) is not None
             s.sendall(swapped)
             return read_frame(s)
 
     verdict = replay_elsewhere(srv.port)
     assert verdict is not None
-    assert verdict.header.status == p.Status.BAD_MAC
+    assert verdict.header.status == p.Status.INVALID_REQUEST  # PUT before AUTH
     other = ServerProcess("--memory", "16MiB").start()
     try:
         verdict = replay_elsewhere(other.port)
         assert verdict is not None
-        assert verdict.header.status == p.Status.BAD_MAC
+        assert verdict.header.status == p.Status.INVALID_REQUEST
     finally:
         other.stop()
     victim.close()
@@ -155,7 +155,7 @@ def test_captured_put_with_swapped_value_is_never_stored(fresh_server: ServerPro
     srv.start()
     verdict = replay_elsewhere(srv.port)
     assert verdict is not None
-    assert verdict.header.status == p.Status.BAD_MAC
+    assert verdict.header.status == p.Status.INVALID_REQUEST
 
 
 def test_altered_value_bytes_fail_the_item(server: ServerProcess) -> None:
@@ -183,7 +183,7 @@ def test_replies_recorded_on_another_connection_are_refused(server: ServerProces
     def proxy() -> None:
         a, _ = listener.accept()
         with a, socket.create_connection(("127.0.0.1", server.port)) as b:
-            for _ in range(2):  # HELLO and EXISTS: forward, record the replies
+            for _ in range(3):  # HELLO, AUTH and EXISTS: forward, record the replies
                 req = a.recv(65536)
                 b.sendall(req)
                 rep = read_frame(b)
@@ -237,16 +237,16 @@ def test_version_negotiation(server: ServerProcess) -> None:
     reply = _exchange(server.address, frame(signer, p.Op.HELLO, p.encode_hello(nonce, 2, 3), 1))
     assert reply is not None
     assert reply.header.status == p.Status.OK
-    assert p.decode_hello_reply(reply.meta).version == 2
-    reply = _exchange(server.address, frame(signer, p.Op.HELLO, p.encode_hello(nonce, 3, 4), 1))
+    assert p.decode_hello_reply(reply.meta).version == 3
+    reply = _exchange(server.address, frame(signer, p.Op.HELLO, p.encode_hello(nonce, 4, 5), 1))
     assert reply is not None
     assert reply.header.status == p.Status.UNSUPPORTED_VERSION
-    assert b"server 2..2" in reply.meta
+    assert b"server 3..3" in reply.meta
     v1_hello = frame(signer, p.Op.HELLO, b"\x01\x01", 1, version=1)  # a version-1 client
     reply = _exchange(server.address, v1_hello)
     assert reply is not None
     assert reply.header.status == p.Status.UNSUPPORTED_VERSION
-    assert b"speaks 2..2" in reply.meta
+    assert b"speaks 3..3" in reply.meta
 
 
 def test_down_server_warns_once(caplog: pytest.LogCaptureFixture) -> None:

@@ -117,17 +117,19 @@ def _fill_and_check(srv: ServerProcess) -> None:
     # make room for the next session by closing a squatter it did not need to.)
     sessions = [RawSession(srv.port, KEY) for _ in range(16)]  # all authenticated
     assert all(closed_by_server(s, 10) for s in squatters)
-    extra = socket.create_connection(("127.0.0.1", srv.port))
-    assert closed_by_server(extra, 10)  # refused: nothing unauthenticated is left to close
+    sessions[0].request(p.Op.EXISTS, p.encode_keys([b"k"]))  # sessions[1] is now idle longest
+    extra = RawSession(srv.port, KEY)  # nothing unauthenticated is left: an idle one gives way
+    assert closed_by_server(sessions[1].sock, 10)
     reply = sessions[0].request(p.Op.STATS, b"")
     assert reply is not None
     stats = json.loads(reply.meta)
     assert stats["max_connections"] == 16
-    assert stats["refused_connections"] >= 1
+    assert stats["refused_connections"] == 0
     assert stats["unauthenticated_closed"] >= 16
-    for s in [*squatters, extra]:
+    assert stats["idle_closed"] == 1
+    for s in squatters:
         s.close()
-    for rs in sessions:
+    for rs in [*sessions, extra]:
         rs.close()
 
 

@@ -8,12 +8,12 @@ from hypothesis import strategies as st
 from memkv_client import protocol as p
 from memkv_client.auth import ClockWindow, Signer, parse_key
 
-# A version-2 HELLO request header, id 1, timestamp 0x0102030405060708, 18 bytes of meta.
-GOLDEN_HELLO = bytes.fromhex("4d4b020100000000010000000807060504030201120000000000000000000000")
+# A version-3 HELLO request header, id 1, timestamp 0x0102030405060708, 18 bytes of meta.
+GOLDEN_HELLO = bytes.fromhex("4d4b030100000000010000000807060504030201120000000000000000000000")
 
 
 def test_golden_header() -> None:
-    h = p.Header(2, p.Op.HELLO, 0, 0, 1, 0x0102030405060708, 18, 0)
+    h = p.Header(3, p.Op.HELLO, 0, 0, 1, 0x0102030405060708, 18, 0)
     assert h.pack() == GOLDEN_HELLO
     assert p.unpack_header(GOLDEN_HELLO) == h
     assert p.HEADER_SIZE == 32
@@ -57,12 +57,12 @@ def test_status_lengths_round_trip(items: list[tuple[int, int]]) -> None:
 
 def test_hello_round_trips() -> None:
     nonce = bytes(range(16))
-    assert p.encode_hello(nonce) == b"\x02\x02" + nonce
-    assert p.decode_hello(p.encode_hello(nonce) + b"future") == (2, 2, nonce)
+    assert p.encode_hello(nonce) == b"\x03\x03" + nonce
+    assert p.decode_hello(p.encode_hello(nonce) + b"future") == (3, 3, nonce)
     with pytest.raises(p.FrameError):
         p.decode_hello(b"\x01\x01")  # a version-1 HELLO has no nonce
     info = p.ServerInfo(
-        2, 512, 1024, 1 << 20, 1 << 30, 1 << 32, True, "node-1", False, b"b" * 16, b"c" * 16, 9
+        3, 512, 1024, 1 << 20, 1 << 30, 1 << 32, True, "node-1", False, b"b" * 16, b"c" * 16, 9
     )
     assert p.decode_hello_reply(p.encode_hello_reply(info)) == info
 
@@ -136,17 +136,19 @@ def test_bad_metadata(meta: bytes, status: p.Status) -> None:
 
 
 def test_header_checks() -> None:
-    ok = p.Header(2, p.Op.GET, 0, 0, 1, 0, 0, 0)
+    ok = p.Header(3, p.Op.GET, 0, 0, 1, 0, 0, 0)
     assert p.check_request_header(ok, 1 << 30) is p.Op.GET
     cases = [
         (p.Header(9, p.Op.GET, 0, 0, 1, 0, 0, 0), p.Status.UNSUPPORTED_VERSION),
         (p.Header(1, p.Op.GET, 0, 0, 1, 0, 0, 0), p.Status.UNSUPPORTED_VERSION),
-        (p.Header(2, 0x77, 0, 0, 1, 0, 0, 0), p.Status.INVALID_OPCODE),
-        (p.Header(2, p.Op.GET, 0, p.FLAG_RESPONSE, 1, 0, 0, 0), p.Status.INVALID_REQUEST),
-        (p.Header(2, p.Op.GET, 0, 0, 1, 0, p.MAX_META_LEN + 1, 0), p.Status.PAYLOAD_TOO_LARGE),
-        (p.Header(2, p.Op.PUT, 0, 0, 1, 0, 0, 2 << 30), p.Status.PAYLOAD_TOO_LARGE),
-        (p.Header(2, p.Op.GET, 0, 0, 1, 0, 0, 10), p.Status.INVALID_REQUEST),
-        (p.Header(2, p.Op.HELLO, 0, 0, 1, 0, 18, 0), p.Status.INVALID_REQUEST),  # a second one
+        (p.Header(3, 0x77, 0, 0, 1, 0, 0, 0), p.Status.INVALID_OPCODE),
+        (p.Header(3, p.Op.GET, 0, p.FLAG_RESPONSE, 1, 0, 0, 0), p.Status.INVALID_REQUEST),
+        (p.Header(3, p.Op.GET, 0, 0, 1, 0, p.MAX_META_LEN + 1, 0), p.Status.PAYLOAD_TOO_LARGE),
+        (p.Header(3, p.Op.PUT, 0, 0, 1, 0, 0, 2 << 30), p.Status.PAYLOAD_TOO_LARGE),
+        (p.Header(3, p.Op.GET, 0, 0, 1, 0, 0, 10), p.Status.INVALID_REQUEST),
+        (p.Header(3, p.Op.HELLO, 0, 0, 1, 0, 18, 0), p.Status.INVALID_REQUEST),  # a second one
+        (p.Header(3, p.Op.AUTH, 0, 0, 1, 0, 16, 0), p.Status.INVALID_REQUEST),  # a second one
+        (p.Header(2, p.Op.GET, 0, 0, 1, 0, 0, 0), p.Status.UNSUPPORTED_VERSION),  # v2 client
     ]
     for h, status in cases:
         with pytest.raises(p.FrameError) as info:
@@ -154,16 +156,22 @@ def test_header_checks() -> None:
         assert info.value.status is status
 
 
-def test_before_hello_only_a_small_hello_is_read() -> None:
-    hello = p.Header(2, p.Op.HELLO, 0, 0, 1, 0, 18, 0)
+def test_before_auth_only_a_small_hello_and_auth_are_read() -> None:
+    hello = p.Header(3, p.Op.HELLO, 0, 0, 1, 0, 18, 0)
     assert p.check_request_header(hello, 1 << 30, authenticated=False) is p.Op.HELLO
+    auth = p.Header(3, p.Op.AUTH, 0, 0, 2, 0, 16, 0)
+    assert p.check_request_header(auth, 1 << 30, authenticated=False) is p.Op.AUTH
     for h, status in [
         (
-            p.Header(2, p.Op.HELLO, 0, 0, 1, 0, p.PREAUTH_MAX_META_LEN + 1, 0),
+            p.Header(3, p.Op.HELLO, 0, 0, 1, 0, p.PREAUTH_MAX_META_LEN + 1, 0),
             p.Status.PAYLOAD_TOO_LARGE,
         ),
-        (p.Header(2, p.Op.GET, 0, 0, 1, 0, 0, 0), p.Status.INVALID_REQUEST),
-        (p.Header(2, p.Op.PUT, 0, 0, 1, 0, 0, 5), p.Status.INVALID_REQUEST),
+        (
+            p.Header(3, p.Op.AUTH, 0, 0, 1, 0, p.PREAUTH_MAX_META_LEN + 1, 0),
+            p.Status.PAYLOAD_TOO_LARGE,
+        ),
+        (p.Header(3, p.Op.GET, 0, 0, 1, 0, 0, 0), p.Status.INVALID_REQUEST),
+        (p.Header(3, p.Op.PUT, 0, 0, 1, 0, 0, 5), p.Status.INVALID_REQUEST),
     ]:
         with pytest.raises(p.FrameError) as info:
             p.check_request_header(h, 1 << 30, authenticated=False)
@@ -175,7 +183,7 @@ def test_before_hello_only_a_small_hello_is_read() -> None:
 
 def test_frame_decoder_waits_for_whole_frames() -> None:
     meta = p.encode_key_lengths([(b"k", 3)])
-    header = p.Header(2, p.Op.PUT, 0, 0, 5, 0, len(meta), 3).pack()
+    header = p.Header(3, p.Op.PUT, 0, 0, 5, 0, len(meta), 3).pack()
     frame = header + b"\x00" * 32 + meta + b"abc"
     dec = p.FrameDecoder()
     for i in range(len(frame) - 1):  # byte by byte: nothing until the last byte
@@ -211,11 +219,25 @@ def test_signer() -> None:
         parse_key("00" * 32)
 
 
+def test_auth_echoes_the_challenge() -> None:
+    challenge = bytes(range(16))
+    assert p.decode_auth(p.encode_auth(challenge)) == challenge
+    with pytest.raises(p.FrameError):
+        p.decode_auth(challenge + b"x")
+
+
+def test_a_version_2_client_is_told_to_upgrade() -> None:
+    with pytest.raises(
+        p.FrameError, match=r"version 2; this server speaks 3\.\.3: upgrade the client"
+    ):
+        p.check_request_header(p.Header(2, p.Op.HELLO, 0, 0, 1, 0, 18, 0), 1 << 30, False)
+
+
 def test_session_keys_differ_per_nonce() -> None:
     s = Signer(b"\x11" * 32)
     a = s.session(b"c" * 16, b"b" * 16, b"1" * 16).sign(b"h", b"m")
     assert a == s.session(b"c" * 16, b"b" * 16, b"1" * 16).sign(b"h", b"m")
-    assert a != s.session(b"c" * 16, b"b" * 16, b"2" * 16).sign(b"h", b"m")  # connection
+    assert a != s.session(b"c" * 16, b"b" * 16, b"2" * 16).sign(b"h", b"m")  # challenge
     assert a != s.session(b"c" * 16, b"B" * 16, b"1" * 16).sign(b"h", b"m")  # boot
     assert a != s.hello_reply(b"c" * 16).sign(b"h", b"m")
     assert a != s.sign(b"h", b"m")

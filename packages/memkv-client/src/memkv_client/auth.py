@@ -1,19 +1,20 @@
-"""Frame authentication: HMAC-SHA256 keys, per-connection session keys, value digests,
-the clock window, and the per-user key file used when no key is configured.
+"""Frame authentication: HMAC-SHA256 frame MACs, per-connection session keys, BLAKE3
+value digests, the clock window, and the per-user key file used when no key is configured.
 
-Every connection starts with HELLO. The client sends a random nonce; the server answers
-with its boot nonce (random per start) and a connection nonce (random per connection),
-signed with a key bound to the client's nonce. Both sides then sign every later frame
-with `session = HMAC(key, "memkv-v2 session" || client_nonce || boot_nonce ||
-conn_nonce)`, so a frame recorded on one connection, server or boot verifies nowhere
-else. See `docs/memkv-protocol.md` ("Threat model") for every check.
+Every connection opens with HELLO and AUTH. The client's HELLO sends a random nonce; the
+server answers with its boot nonce (random per start) and a challenge (random per
+connection), signed with a key bound to the client's nonce. The client's AUTH answers
+the challenge: it is signed with `session = HMAC(key, "memkv-v3 session" ||
+client_nonce || boot_nonce || challenge)`, as is every later frame in both directions.
+Only a verified AUTH authenticates a connection, so recorded opening bytes, replayed to
+any server at any time, never do. See `docs/memkv-protocol.md` ("Threat model").
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 import stat
@@ -38,6 +39,8 @@ __all__ = [
 
 KEY_SIZE = 32
 DEFAULT_CLOCK_WINDOW_NS = 30 * 1_000_000_000
+
+log = logging.getLogger("memkv_client.auth")
 
 
 def check_key(key: bytes) -> bytes:
@@ -76,7 +79,8 @@ def user_key(path: Path) -> bytes:
 
     Used when no key is configured and every address is loopback: a client and a server
     run by the same user agree, and other users cannot read it. Creation is atomic (a
-    hard link of a finished temporary file), so concurrent first users agree. Raises
+    hard link of a finished temporary file), so concurrent first users agree; the one
+    that creates it logs one warning line saying where it is and how to share it. Raises
     ValueError if the file is readable by others, not owned by this user, or malformed.
     """
     if not path.exists():
@@ -88,9 +92,20 @@ def user_key(path: Path) -> bytes:
             os.fsync(fd)
         finally:
             os.close(fd)
-        with contextlib.suppress(FileExistsError):  # another process won the race
+        try:
             os.link(tmp, path)
-        tmp.unlink()
+        except FileExistsError:  # another process won the race (and says so)
+            pass
+        else:
+            log.warning(
+                "memkv: created the auth key %s (random, mode 0600), shared by this user's "
+                "clients and servers on this host; for other hosts set MEMKV_AUTH_KEY=$(cat "
+                "%s) for every client and server (required off loopback)",
+                path,
+                path,
+            )
+        finally:
+            tmp.unlink()
     st = path.stat()
     if st.st_uid != os.getuid():
         raise ValueError(f"{path}: owned by uid {st.st_uid}, not by this user")
@@ -130,13 +145,14 @@ class Signer:
             h.update(part)
         return Signer(h.digest())
 
-    def session(self, client_nonce: bytes, boot_nonce: bytes, conn_nonce: bytes) -> Signer:
-        """The signer for every frame after HELLO on one connection."""
-        return self.derive(b"memkv-v2 session", client_nonce, boot_nonce, conn_nonce)
+    def session(self, client_nonce: bytes, boot_nonce: bytes, challenge: bytes) -> Signer:
+        """The signer of AUTH and of every later frame on one connection: bound to the
+        server's fresh challenge, so nothing recorded elsewhere verifies."""
+        return self.derive(b"memkv-v3 session", client_nonce, boot_nonce, challenge)
 
     def hello_reply(self, client_nonce: bytes) -> Signer:
         """The signer of HELLO replies: bound to the client's nonce, so they are fresh."""
-        return self.derive(b"memkv-v2 hello", client_nonce)
+        return self.derive(b"memkv-v3 hello", client_nonce)
 
     def start(self, header: bytes) -> hmac.HMAC:
         """An HMAC fed with `header`; feed the metadata as it arrives, then `check`."""

@@ -6,8 +6,9 @@ specification. Every frame is::
     header (32 bytes) | mac (32 bytes) | meta (meta_len bytes) | bulk (bulk_len bytes)
 
 All integers are little-endian. The MAC is HMAC-SHA256 over `header || meta` with a
-per-connection session key (see `.auth`); value bytes are covered by SHA-256
-digests inside `meta`.
+per-connection session key (see `.auth`); value bytes are covered by BLAKE3
+digests inside `meta`. A connection opens with `HELLO` (the reply carries a fresh
+challenge) and `AUTH` (signed with the session key derived from that challenge).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 MAGIC = b"MK"
-VERSION = 2
-MIN_VERSION = 2
-MAX_VERSION = 2
+VERSION = 3
+MIN_VERSION = 3
+MAX_VERSION = 3
 
 HEADER = struct.Struct("<2sBBHHIQIQ")
 HEADER_SIZE = HEADER.size  # 32
@@ -36,9 +37,9 @@ HELLO_XFER = 0x02  #: HELLO reply flags: the server implements RDMA_XFER
 MAX_KEY_LEN = 512
 MAX_BATCH_ITEMS = 1024
 MAX_META_LEN = 1 << 20
-PREAUTH_MAX_META_LEN = 1024  #: largest meta a server reads before a verified HELLO
+PREAUTH_MAX_META_LEN = 1024  #: largest meta a server reads before a verified AUTH
 NONCE_SIZE = 16
-DIGEST_SIZE = 32  #: SHA-256 of a value, carried in PUT requests and GET replies
+DIGEST_SIZE = 32  #: BLAKE3 of a value, carried in PUT requests and GET replies
 NO_DIGEST = bytes(DIGEST_SIZE)
 DEFAULT_MAX_VALUE_LEN = 1 << 30
 DEFAULT_MAX_BULK_LEN = 1 << 32
@@ -69,6 +70,7 @@ class Op(enum.IntEnum):
     RDMA_PUT = 0x09
     RDMA_GET = 0x0A
     RDMA_XFER = 0x0B
+    AUTH = 0x0C  #: answers the HELLO reply's challenge; required before any other op
 
 
 class Status(enum.IntEnum):
@@ -148,13 +150,16 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
 def check_request_header(h: Header, max_bulk_len: int, authenticated: bool = True) -> Op:
     """Validate a request header against this implementation's limits; return its opcode.
 
-    Before the connection's HELLO has verified (`authenticated=False`) only a HELLO of
-    at most `PREAUTH_MAX_META_LEN` metadata bytes is accepted.
+    Before the connection's AUTH has verified (`authenticated=False`) only HELLO and
+    AUTH frames of at most `PREAUTH_MAX_META_LEN` metadata bytes are accepted (the
+    connection enforces their order).
     """
     if not MIN_VERSION <= h.version <= MAX_VERSION:
+        upgrade = "the client (memkv-client)" if h.version < MIN_VERSION else "this server"
         raise FrameError(
             Status.UNSUPPORTED_VERSION,
-            f"unsupported version {h.version}; this server speaks {MIN_VERSION}..{MAX_VERSION}",
+            f"unsupported version {h.version}; this server speaks {MIN_VERSION}..{MAX_VERSION}"
+            f": upgrade {upgrade} so both sides speak the same version",
         )
     if h.flags & ~KNOWN_FLAGS or h.is_response:
         raise FrameError(Status.INVALID_REQUEST, f"invalid flags {h.flags:#x}")
@@ -163,14 +168,15 @@ def check_request_header(h: Header, max_bulk_len: int, authenticated: bool = Tru
     except ValueError:
         raise FrameError(Status.INVALID_OPCODE, f"invalid opcode {h.op:#x}") from None
     if not authenticated:
-        if op is not Op.HELLO:
-            raise FrameError(Status.INVALID_REQUEST, f"{op.name} before HELLO")
+        if op not in (Op.HELLO, Op.AUTH):
+            raise FrameError(Status.INVALID_REQUEST, f"{op.name} before HELLO and AUTH")
         if h.meta_len > PREAUTH_MAX_META_LEN:
             raise FrameError(
-                Status.PAYLOAD_TOO_LARGE, f"HELLO meta_len {h.meta_len} > {PREAUTH_MAX_META_LEN}"
+                Status.PAYLOAD_TOO_LARGE,
+                f"{op.name} meta_len {h.meta_len} > {PREAUTH_MAX_META_LEN}",
             )
-    elif op is Op.HELLO:
-        raise FrameError(Status.INVALID_REQUEST, "second HELLO on one connection")
+    elif op in (Op.HELLO, Op.AUTH):
+        raise FrameError(Status.INVALID_REQUEST, f"{op.name} on an authenticated connection")
     if h.meta_len > MAX_META_LEN:
         raise FrameError(Status.PAYLOAD_TOO_LARGE, f"meta_len {h.meta_len} > {MAX_META_LEN}")
     if h.bulk_len > max_bulk_len:
@@ -260,6 +266,20 @@ def decode_hello(meta: bytes) -> tuple[int, int, bytes]:
     return lo, hi, bytes(nonce)
 
 
+def encode_auth(challenge: bytes) -> bytes:
+    """AUTH request: the 16-byte challenge of the HELLO reply, echoed. What proves the
+    key is the frame's MAC: it is computed under the session key, which is derived from
+    the key and this challenge."""
+    return bytes(challenge)
+
+
+def decode_auth(meta: bytes) -> bytes:
+    """The challenge an AUTH request answers."""
+    if len(meta) != NONCE_SIZE:
+        raise FrameError(Status.INVALID_REQUEST, f"AUTH carries the {NONCE_SIZE}-byte challenge")
+    return bytes(meta)
+
+
 def encode_keys(keys: Sequence[bytes]) -> bytes:
     """EXISTS / DELETE / SIZE requests: `u32 count, count x key`."""
     return b"".join([_U32.pack(len(keys)), *map(_key, keys)])
@@ -289,7 +309,7 @@ def decode_key_lengths(meta: bytes, limit: int = MAX_BATCH_ITEMS) -> list[tuple[
 
 
 def encode_put_items(items: Sequence[tuple[bytes, int, bytes]]) -> bytes:
-    """PUT requests: `u32 count, count x (key, u64 length, 32-byte SHA-256 of the value)`."""
+    """PUT requests: `u32 count, count x (key, u64 length, 32-byte BLAKE3 of the value)`."""
     parts = [_U32.pack(len(items))]
     for k, n, digest in items:
         parts.append(_key(k))
@@ -396,7 +416,7 @@ class ServerInfo:
     server_id: str
     xfer: bool = False  #: RDMA_XFER is implemented (HELLO flag bit 1)
     boot_nonce: bytes = bytes(NONCE_SIZE)  #: random per server start
-    conn_nonce: bytes = bytes(NONCE_SIZE)  #: random per connection
+    challenge: bytes = bytes(NONCE_SIZE)  #: random per connection; AUTH answers it
     idle_timeout_ms: int = 0  #: the server closes connections idle this long (0: never)
 
 
@@ -411,7 +431,7 @@ def encode_hello_reply(info: ServerInfo) -> bytes:
             info.max_bulk_len,
             (HELLO_RDMA if info.rdma else 0) | (HELLO_XFER if info.xfer else 0),
             info.boot_nonce,
-            info.conn_nonce,
+            info.challenge,
             info.idle_timeout_ms,
         )
         + info.server_id.encode()
@@ -421,11 +441,11 @@ def encode_hello_reply(info: ServerInfo) -> bytes:
 def decode_hello_reply(meta: bytes) -> ServerInfo:
     if len(meta) < _HELLO_RESP.size:
         raise FrameError(Status.MESSAGE_TOO_SHORT, "HELLO reply truncated")
-    v, klen, batch, mlen, vlen, blen, flags, boot, conn, idle = _HELLO_RESP.unpack_from(meta)
+    v, klen, batch, mlen, vlen, blen, flags, boot, challenge, idle = _HELLO_RESP.unpack_from(meta)
     sid = bytes(meta[_HELLO_RESP.size :]).decode(errors="replace")
     return ServerInfo(
         v, klen, batch, mlen, vlen, blen, bool(flags & HELLO_RDMA), sid,
-        bool(flags & HELLO_XFER), bytes(boot), bytes(conn), idle,
+        bool(flags & HELLO_XFER), bytes(boot), bytes(challenge), idle,
     )  # fmt: skip
 
 
@@ -460,7 +480,7 @@ def decode_status_lengths(meta: bytes, expect: int) -> list[tuple[int, int]]:
 
 
 def encode_get_reply(items: Sequence[tuple[int, int, bytes]]) -> bytes:
-    """GET replies: `u32 count, count x (u8 status, u64 length, 32-byte SHA-256)`; the
+    """GET replies: `u32 count, count x (u8 status, u64 length, 32-byte BLAKE3)`; the
     digest is the stored value's for `OK` items and zeros otherwise."""
     return _U32.pack(len(items)) + b"".join(_STATUS_LEN_DIGEST.pack(*i) for i in items)
 

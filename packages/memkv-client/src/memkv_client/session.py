@@ -5,10 +5,11 @@ Values move zero-copy: requests `sendall` straight from the caller's buffers and
 replies `recv_into` the caller's buffers. Any failure mid-request marks the session
 broken; it is then closed and never reused.
 
-Freshness: HELLO carries a random client nonce and the reply is signed under a key
-bound to it; later frames are signed with the connection's session key, and request
-ids start at a random value and increase by one, each reply echoing its request's.
-Value bytes are checked against the SHA-256 digests the server sends with them.
+Opening: HELLO carries a random client nonce; its reply, signed under a key bound to
+that nonce, carries the server's fresh challenge, which AUTH answers (signed with the
+session key derived from the challenge). Every later frame is signed with that session
+key, and request ids start at a random value and increase by one, each reply echoing
+its request's. Value bytes are checked against the BLAKE3 digests sent with them.
 """
 
 from __future__ import annotations
@@ -154,24 +155,31 @@ class TcpSession:
         self.close()
 
     def _hello(self) -> ServerInfo:
+        """HELLO, then AUTH answering the reply's challenge; the negotiated server info."""
         nonce = secrets.token_bytes(p.NONCE_SIZE)
         self._verifier = self._key.hello_reply(nonce)
+        step = "HELLO"
         try:
             rid = self._send(Op.HELLO, p.encode_hello(nonce))
             _, meta = self._recv_reply(Op.HELLO, rid)
-        except TimeoutError:
-            raise MemKVTimeout(f"{self.address}: HELLO timed out") from None
-        except OSError as exc:
-            raise TransportError(f"{self.address}: HELLO failed: {exc}") from None
-        try:
-            info = p.decode_hello_reply(meta)
-        except p.FrameError as exc:
-            raise RemoteProtocolError(f"{self.address}: bad HELLO reply: {exc}") from None
-        if not p.MIN_VERSION <= info.version <= p.MAX_VERSION:
-            raise UnsupportedVersionError(
-                Status.UNSUPPORTED_VERSION, f"server chose {info.version}"
+            try:
+                info = p.decode_hello_reply(meta)
+            except p.FrameError as exc:
+                raise RemoteProtocolError(f"{self.address}: bad HELLO reply: {exc}") from None
+            if not p.MIN_VERSION <= info.version <= p.MAX_VERSION:
+                raise UnsupportedVersionError(
+                    Status.UNSUPPORTED_VERSION, f"server chose {info.version}"
+                )
+            self._signer = self._verifier = self._key.session(
+                nonce, info.boot_nonce, info.challenge
             )
-        self._signer = self._verifier = self._key.session(nonce, info.boot_nonce, info.conn_nonce)
+            step = "AUTH"
+            rid = self._send(Op.AUTH, p.encode_auth(info.challenge))
+            self._recv_reply(Op.AUTH, rid)
+        except TimeoutError:
+            raise MemKVTimeout(f"{self.address}: {step} timed out") from None
+        except OSError as exc:
+            raise TransportError(f"{self.address}: {step} failed: {exc}") from None
         return info
 
     def _decode(self, fn: Any, *args: Any) -> Any:

@@ -6,17 +6,21 @@ blocks per call) and sent straight from pinned blocks (`sendall`) or spill files
 the connection is closed; handler exceptions never reach the accept loop, so a bad peer
 cannot crash the server.
 
-**Hostile peers.** At most `max_connections` connections are served; when full, the
-oldest one that has not yet authenticated is closed to make room, else the new one is
-refused. Until its HELLO verifies, a connection may send only a HELLO of at most
-`PREAUTH_MAX_META_LEN` metadata bytes, and must do so within `frame_timeout`. Every
-frame must arrive, and every reply leave, within `frame_timeout` plus its size at
-`MIN_RATE`; a connection idle for `idle_timeout` is closed. A deadline miss closes
-the connection and releases everything it held (reservations, pins).
+**Hostile peers.** A connection is authenticated only by an AUTH that answers the
+fresh challenge its HELLO reply carried, so replayed opening bytes never authenticate.
+At most `max_connections` connections are served; when full, the oldest one that has
+not authenticated is closed to make room, else the authenticated one idle longest (a
+client retries a pooled connection closed under it), else the new one is refused.
+Until it authenticates, a connection may send only HELLO and AUTH of at most
+`PREAUTH_MAX_META_LEN` metadata bytes, each within `frame_timeout`. Every frame must
+arrive, and every reply leave, within `frame_timeout` plus its size at `MIN_RATE`; a
+connection idle for `idle_timeout` is closed. A deadline miss closes the connection
+and releases everything it held (reservations, pins).
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import json
 import logging
@@ -100,6 +104,7 @@ class MemKVServer:
             "auth_errors": 0,
             "refused_connections": 0,  # over max_connections, nothing to make room
             "unauthenticated_closed": 0,  # closed to make room for a new connection
+            "idle_closed": 0,  # authenticated but idle, closed to make room
             "deadline_closes": 0,  # a frame or reply missed its deadline, or idle
         }
         max_value = min(store.max_value, p.DEFAULT_MAX_VALUE_LEN)
@@ -156,21 +161,30 @@ class MemKVServer:
             with self._lock:
                 self._conns[c] = None
                 self.counters["connections"] += 1
-            threading.Thread(target=c.run, name="memkv-conn", daemon=True).start()
+            # Not `threading.Thread.start`: it waits until the new thread runs, which under
+            # a connection flood holds the accept loop (and the clients queued behind the
+            # flood) behind the GIL.
+            _thread.start_new_thread(c.run, ())
         self._shutdown()
 
     def _make_room(self) -> bool:
-        """Whether one more connection fits, closing the oldest unauthenticated one if not."""
+        """Whether one more connection fits, closing one to make room if needed: the
+        oldest unauthenticated one, else the authenticated one idle longest."""
         with self._lock:
             if len(self._conns) < self.max_connections:
                 return True
             victim = next((c for c in self._conns if not c.authenticated), None)
-            if victim is None:
-                return False
-            del self._conns[victim]  # its thread ends on the shut-down socket
-            self.counters["unauthenticated_closed"] += 1
-        victim.shutdown_socket()
-        return True
+            if victim is not None:
+                del self._conns[victim]  # its thread ends on the shut-down socket
+                self.counters["unauthenticated_closed"] += 1
+                victim.shutdown_socket()
+                return True
+            for c in sorted(self._conns, key=lambda c: c.last_active):
+                if c.stop_if_idle():
+                    del self._conns[c]
+                    self.counters["idle_closed"] += 1
+                    return True
+            return False
 
     def request_stop(self) -> None:
         """Ask `serve_forever` to stop (safe from signal handlers and other threads)."""
@@ -234,8 +248,10 @@ class _Connection:
         self.done = threading.Event()
         self._lock = threading.Lock()
         self._busy = False
-        self.authenticated = False  # the HELLO verified; `session` signs from then on
-        self.session = server.signer
+        self.last_active = time.monotonic()  # when the last frame was done
+        self.challenge: bytes | None = None  # sent in the HELLO reply; AUTH answers it
+        self.authenticated = False  # the AUTH verified
+        self.session = server.signer  # the session key once HELLO is answered
         self._reply_signer = server.signer
         self._last_id = 0
         self.rdma_peer: Any = None
@@ -251,12 +267,16 @@ class _Connection:
             Op.RDMA_PUT: self._rdma_put,
             Op.RDMA_GET: self._rdma_get,
             Op.RDMA_XFER: self._rdma_xfer,
+            Op.AUTH: self._auth,
         }
 
-    def stop_if_idle(self) -> None:
+    def stop_if_idle(self) -> bool:
+        """Shut the socket down unless a frame is being served; whether it was."""
         with self._lock:
-            if not self._busy:
-                self.shutdown_socket()
+            if self._busy:
+                return False
+            self.shutdown_socket()
+            return True
 
     def shutdown_socket(self) -> None:
         with contextlib.suppress(OSError):
@@ -322,6 +342,7 @@ class _Connection:
         finally:
             with self._lock:
                 self._busy = False
+                self.last_active = time.monotonic()
         return True
 
     def _recv_meta(self, n: int, mac: Any, deadline: float) -> bytes:
@@ -348,14 +369,18 @@ class _Connection:
         meta = self._recv_meta(h.meta_len, mac, deadline)
         if not Signer.check(mac, prefix[p.HEADER_SIZE :]):
             srv.counters["auth_errors"] += 1
-            self._error(h, Status.BAD_MAC, "request MAC does not verify (wrong auth key)")
+            if op is Op.AUTH:
+                why = "AUTH does not answer this connection's challenge (replayed, or wrong key)"
+            else:
+                why = "request MAC does not verify (wrong auth key)"
+            self._error(h, Status.BAD_MAC, why)
             raise _Closed
         if srv.clock.check(h.timestamp_ns) is not Status.OK:
             srv.counters["auth_errors"] += 1
             skew = (h.timestamp_ns - time.time_ns()) / 1e9
             self._error(h, Status.CLOCK_DRIFT, f"clock skew {skew:+.3f}s")
             raise _Closed
-        if self.authenticated and h.request_id != (self._last_id + 1) & 0xFFFFFFFF:
+        if self.challenge is not None and h.request_id != (self._last_id + 1) & 0xFFFFFFFF:
             srv.counters["auth_errors"] += 1
             self._error(h, Status.REPLAY, f"request id {h.request_id} out of sequence")
             raise _Closed
@@ -392,6 +417,8 @@ class _Connection:
     # --- operations ---------------------------------------------------------------------
 
     def _hello(self, h: Header, meta: bytes, deadline: float) -> None:
+        if self.challenge is not None:
+            raise FrameError(Status.INVALID_REQUEST, "second HELLO on one connection")
         lo, hi, client_nonce = p.decode_hello(meta)
         version = min(hi, p.MAX_VERSION)
         if version < max(lo, p.MIN_VERSION):
@@ -402,20 +429,30 @@ class _Connection:
             )
             raise _Closed
         srv = self.server
-        conn_nonce = secrets.token_bytes(p.NONCE_SIZE)
+        challenge = secrets.token_bytes(p.NONCE_SIZE)
         info = srv.info
         reply = p.ServerInfo(
             version, info.max_key_len, info.max_batch_items, info.max_meta_len,
             info.max_value_len, info.max_bulk_len, info.rdma, info.server_id, info.xfer,
-            srv.boot_nonce, conn_nonce, info.idle_timeout_ms,
+            srv.boot_nonce, challenge, info.idle_timeout_ms,
         )  # fmt: skip
-        # Authenticated from here (the HELLO verified), before the reply leaves: a client
-        # that has its answer must never be closed as unauthenticated to make room.
-        self.authenticated = True
         self._reply_signer = srv.signer.hello_reply(client_nonce)
         self._send(self._reply(h, p.encode_hello_reply(reply)), deadline)
-        self.session = srv.signer.session(client_nonce, srv.boot_nonce, conn_nonce)
-        self._reply_signer = self.session
+        self.challenge = challenge
+        self.session = self._reply_signer = srv.signer.session(
+            client_nonce, srv.boot_nonce, challenge
+        )
+
+    def _auth(self, h: Header, meta: bytes, deadline: float) -> None:
+        """The frame's MAC, under the session key, verified: the challenge is answered."""
+        if self.challenge is None:
+            raise FrameError(Status.INVALID_REQUEST, "AUTH before HELLO")
+        if p.decode_auth(meta) != self.challenge:
+            raise FrameError(Status.INVALID_REQUEST, "AUTH echoes another challenge")
+        # Authenticated before the reply leaves: a client that has its answer must never
+        # be closed as unauthenticated to make room.
+        self.authenticated = True
+        self._send(self._reply(h, b""), deadline)
 
     def _exists(self, h: Header, meta: bytes, deadline: float) -> None:
         keys = p.decode_keys(meta, self.server.max_batch_items)
