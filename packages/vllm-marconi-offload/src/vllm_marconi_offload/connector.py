@@ -6,6 +6,8 @@ the WORKER role in each worker; each delegates to `OffloadScheduler` or `Offload
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -15,10 +17,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from . import compat
+from . import compat, kv_events
+from .events import TierEvents
 from .log import logger
 from .metadata import OffloadMetadata, WorkerReport
 from .metrics import OffloadPromMetrics, OffloadStats
+from .request_params import ERROR_KEY
 from .scheduler import OffloadScheduler
 from .spec import OffloadSpec
 from .stats import StatsReporter
@@ -27,6 +31,7 @@ from .worker import OffloadWorker
 if TYPE_CHECKING:
     import torch
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -46,8 +51,13 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
         self._scheduler: OffloadScheduler | None = None
         self._worker: OffloadWorker | None = None
         self._reporter: StatsReporter | None = None
+        self._events: kv_events.EventBuilder | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = spec.scheduler()
+            if kv_events.events_enabled(vllm_config):
+                self._events = kv_events.EventBuilder(spec.block_size, kv_cache_config)
+                describe = partial(kv_events.describe_block, block_size=spec.block_size)
+                self._scheduler.publish_events(TierEvents(describe))
             self._reporter = StatsReporter(
                 self._scheduler.counters,
                 self._scheduler.timer,
@@ -125,8 +135,8 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
-        self._scheduler.request_finished(request.request_id)
-        return False, None
+        error = self._scheduler.request_finished(request.request_id)
+        return False, ({ERROR_KEY: error} if error is not None else None)
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
@@ -149,6 +159,13 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
         return False
 
     # -- observability -----------------------------------------------------------------
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        """What L1 (medium CPU) and L2 (STORAGE) started or stopped holding since the last
+        step, as vLLM's KV events (only with `--kv-events-config`)."""
+        if self._events is None or self._scheduler is None:
+            return ()
+        return self._events.build(self._scheduler.take_changes())
+
     def get_kv_connector_stats(self) -> OffloadStats | None:
         if self._reporter is None:
             return None

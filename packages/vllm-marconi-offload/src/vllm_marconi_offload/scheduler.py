@@ -23,8 +23,9 @@ The store's own index decides hits: vLLM's BlockPool is never touched.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvpool_mmap import LoadStatus, LoadTicket, StoreStats, StoreTicket, Tier, TieredStore
@@ -32,9 +33,11 @@ from vllm_kv_identity import aligned_external_hit_tokens, block_key, chain_keys
 
 from . import compat
 from .cost import LoadCostModel
+from .events import Change, TierEvents
 from .layout import SlotLayout
 from .log import logger
 from .plan import BlockTransfer, StepPlan, StoreReport, TransferJob
+from .request_params import DEFAULT, RequestParams
 from .stats import HitCounters, TransferTimer
 
 if TYPE_CHECKING:
@@ -62,6 +65,7 @@ class _Lookup:
 @dataclass
 class _RequestState:
     request: Request
+    params: RequestParams = DEFAULT
     block_ids: list[list[int]] = field(default_factory=list)
     stored_blocks: int = 0
     lookup: _Lookup | None = None
@@ -135,17 +139,73 @@ class OffloadScheduler:
         self._step_ids = itertools.count()
         self.counters = HitCounters()
         self.timer = TransferTimer()
+        self._events: TierEvents | None = None
+
+    # -- KV events (only when vLLM publishes them) ---------------------------------------
+    def publish_events(self, events: TierEvents) -> None:
+        """Report every change of what L1 and L2 hold to `events`, starting with a
+        fresh announcement: whatever this engine announced before is gone, and L2 still
+        holds what it recovered (described as saved at the last shutdown)."""
+        self._events = events
+        self._store.tier_listener = events.on_change
+        recovered = self._store.keys(Tier.L2)
+        events.adopt(Tier.L2, recovered)
+        saved = self._saved_descriptions()
+        if saved is not None and recovered:
+            found = events.load(saved, recovered)
+            logger.info(
+                "KV events: %d of %d L2 blocks described from %s", found, len(recovered), saved
+            )
+        events.announce_all()
+
+    def take_changes(self) -> list[Change]:
+        """Changes of what the tiers hold since the last call (none without events)."""
+        return self._events.take() if self._events is not None else []
+
+    def _saved_descriptions(self) -> Path | None:
+        """Where L2's block descriptions are kept across restarts (next to its rank-0 file,
+        so they go with it)."""
+        config = self._store.config
+        if config.l2 is None:
+            return None
+        l2 = Path(config.l2_file(0))
+        return l2.with_name(l2.name + ".events")
+
+    def _record(self, request: Request, keys: Sequence[bytes], first: int) -> None:
+        """Describe `keys`, blocks `first`... of `request`, for their events."""
+        events = self._events
+        if events is not None:
+            for i, key in enumerate(keys):
+                events.record(request, key, first + i)
+
+    def _state(self, request: Request) -> _RequestState:
+        state = self._requests.get(request.request_id)
+        if state is None:
+            params = RequestParams.from_request(getattr(request, "kv_transfer_params", None))
+            if params.error is not None:
+                logger.warning(
+                    "request %s served without offload: %s", request.request_id, params.error
+                )
+            state = self._requests[request.request_id] = _RequestState(request, params)
+        return state
 
     # -- lookups ---------------------------------------------------------------------
     def lookup(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """External tokens beyond `num_computed_tokens` ready in L1 (None: ask again)."""
-        state = self._requests.setdefault(request.request_id, _RequestState(request))
+        state = self._state(request)
+        if state.lookup is None and not state.params.loads:
+            self._count_lookup(state)
+            return 0, False  # the request asked us not to load (max_load_tokens 0, no tiers)
         if state.lookup is None and self._local_hit_is_complete(request, num_computed_tokens):
             self._count_lookup(state)
             self._skip_stored_local_hit(state, num_computed_tokens)
             return 0, False  # vLLM's own cache has every block we could offer
         if state.lookup is None:
-            state.lookup = self._start_lookup(request) if self._enabled else None
+            state.lookup = (
+                self._start_lookup(request, state.params, num_computed_tokens)
+                if self._enabled
+                else None
+            )
             if state.lookup is None:
                 self._count_lookup(state)
                 return 0, False
@@ -202,19 +262,27 @@ class OffloadScheduler:
             return 0  # the state at the hit's end is gone: nothing before it is usable
         return min((t.ready_prefix for t in lookup.chains.values()), default=lookup.blocks)
 
-    def _start_lookup(self, request: Request) -> _Lookup | None:
-        hashes = list(request.block_hashes[: self._max_hit_blocks(request)])
+    def _start_lookup(
+        self, request: Request, params: RequestParams, num_computed_tokens: int
+    ) -> _Lookup | None:
+        limit = params.load_blocks(
+            self._max_hit_blocks(request), num_computed_tokens, self._block_size
+        )
+        hashes = list(request.block_hashes[:limit])
         if not hashes:
             return None
         found = len(hashes)
         tiers: list[list[Tier]] = []
         for group in self._chain_groups:
             tiers.append(self._store.lookup(chain_keys(hashes[:found], group)))
-            found = min(found, len(tiers[-1]))
+            found = min(found, _allowed_prefix(tiers[-1], params.load_tiers))
         found = self._worth_loading(tiers, found)
-        blocks = self._state_hit(hashes, found)
+        blocks = self._state_hit(hashes, found, params.load_tiers)
         if blocks == 0:
             return None
+        if self._events is not None:  # blocks known by hash only (L2 after a crash)
+            for g in self._chain_groups:
+                self._record(request, chain_keys(hashes[:blocks], g), 0)
         chains = {
             g: self._store.begin_load(chain_keys(hashes[:blocks], g)) for g in self._chain_groups
         }
@@ -246,8 +314,9 @@ class OffloadScheduler:
         )
         return first_l2 + load
 
-    def _state_hit(self, hashes: Sequence[bytes], found: int) -> int:
-        """Longest hit <= found whose end has every state group's checkpoint stored."""
+    def _state_hit(self, hashes: Sequence[bytes], found: int, allowed: Collection[Tier]) -> int:
+        """Longest hit <= found whose end has every state group's checkpoint stored (in a
+        tier the request may load from)."""
         if not self._state_groups:
             return found
         for blocks in range(found, 0, -1):
@@ -255,7 +324,8 @@ class OffloadScheduler:
             if aligned_external_hit_tokens(end, 0, self._kv_cache_config) != end:
                 continue
             if all(
-                self._store.lookup([block_key(hashes[blocks - 1], g)]) for g in self._state_groups
+                _allowed_prefix(self._store.lookup([block_key(hashes[blocks - 1], g)]), allowed)
+                for g in self._state_groups
             ):
                 return blocks
         return 0
@@ -263,7 +333,7 @@ class OffloadScheduler:
     # -- allocation --------------------------------------------------------------------
     def allocated(self, request: Request, block_ids: tuple[list[int], ...], external: int) -> None:
         """vLLM allocated GPU blocks; queue the L1 -> GPU load of the external tokens."""
-        state = self._requests.setdefault(request.request_id, _RequestState(request))
+        state = self._state(request)
         state.block_ids = [list(ids) for ids in block_ids]
         lookup = state.lookup
         if external <= 0 or lookup is None:
@@ -333,12 +403,14 @@ class OffloadScheduler:
 
     def _plan_store(self, state: _RequestState, computed_after: int, meta: StepPlan) -> None:
         request = state.request
-        full = min(computed_after // self._block_size, len(request.block_hashes))
+        computed = min(computed_after // self._block_size, len(request.block_hashes))
+        full = state.params.offload_blocks(computed, self._block_size)  # max_offload_tokens
         if full <= state.stored_blocks or not state.block_ids:
             return
         start = state.stored_blocks
         state.stored_blocks = full
         hashes = request.block_hashes[:full]
+        retention = state.params.retention
         tickets: list[StoreTicket] = []
         transfers: list[BlockTransfer] = []
         for group in self._chain_groups:
@@ -347,15 +419,19 @@ class OffloadScheduler:
                 keys[start:full],
                 [keys[i - 1] if i > 0 else None for i in range(start, full)],
                 list(range(start, full)),
+                retention=retention,
             )
             tickets.append(ticket)
             transfers.append(_transfer(group, state.block_ids[group][start:full], ticket.l1_slots))
-        if self._state_groups and computed_after % self._block_size == 0:
-            # The state groups checkpoint their state at block boundaries only.
+            self._record_allocated(request, ticket, start)
+        if self._state_groups and computed_after % self._block_size == 0 and full == computed:
+            # The state groups checkpoint their state at block boundaries only (and only
+            # the current state: none past a max_offload_tokens cap).
             for group in self._state_groups:
                 ticket = self._store.begin_store(
-                    [block_key(hashes[full - 1], group)], [None], [full - 1]
+                    [block_key(hashes[full - 1], group)], [None], [full - 1], retention=retention
                 )
+                self._record_allocated(request, ticket, full - 1)
                 tickets.append(ticket)
                 transfers.append(
                     _transfer(group, state.block_ids[group][full - 1 : full], ticket.l1_slots)
@@ -364,12 +440,21 @@ class OffloadScheduler:
         if not transfers:
             for ticket in tickets:
                 self._store.abort_store(ticket)
+                if self._events is not None:
+                    self._events.forget_unheld(ticket.keys)
             return
         job = TransferJob(next(self._job_ids), request.request_id, tuple(transfers))
         meta.stores.append(job)
         self._stores_in_flight[job.job_id] = _PendingStore(tickets, self._world_size)
         self.timer.start("store", job.job_id)
         self.counters.stored_blocks += sum(len(t.slots) for t in transfers)
+
+    def _record_allocated(self, request: Request, ticket: StoreTicket, first: int) -> None:
+        """Describe the blocks of a store ticket that got an L1 slot (block `first` + i)."""
+        if self._events is not None:
+            for i, slot in enumerate(ticket.l1_slots):
+                if slot is not None:
+                    self._events.record(request, ticket.keys[i], first + i)
 
     # -- worker feedback ---------------------------------------------------------------
     def on_worker_output(
@@ -407,12 +492,15 @@ class OffloadScheduler:
             for ticket in lookup.tickets():
                 self._store.end_load(ticket)
 
-    def request_finished(self, req_id: str) -> None:
-        """Forget a finished or aborted request and unpin anything it still holds."""
+    def request_finished(self, req_id: str) -> str | None:
+        """Forget a finished or aborted request and unpin anything it still holds; why
+        its `kv_transfer_params` were rejected, if they were."""
         state = self._requests.pop(req_id, None)
         self.timer.forget("load", req_id)
-        if state is not None:
-            self._release_lookup(state)
+        if state is None:
+            return None
+        self._release_lookup(state)
+        return state.params.error
 
     def has_pending_work(self) -> bool:
         return bool(self._loads_to_send or self._stores_in_flight or self._same_step_loads)
@@ -422,10 +510,16 @@ class OffloadScheduler:
 
     def reset(self) -> int:
         """Drop every block nothing is using from L1 and L2; the number dropped."""
-        return self._store.clear()
+        dropped = self._store.clear()
+        if self._events is not None:  # vLLM's own reset announced that everything is gone
+            self._events.announce_all()
+        return dropped
 
     def shutdown(self) -> None:
         self._store.close()
+        saved = self._saved_descriptions()
+        if self._events is not None and saved is not None:
+            self._events.save(saved)
 
 
 def _transfer(group: int, gpu_blocks: Sequence[int], slots: Sequence[int | None]) -> BlockTransfer:
@@ -440,6 +534,14 @@ def _transfer(group: int, gpu_blocks: Sequence[int], slots: Sequence[int | None]
         gpu_blocks=tuple(block for block, _ in pairs),
         slots=tuple(slot for _, slot in pairs),
     )
+
+
+def _allowed_prefix(tiers: Sequence[Tier], allowed: Collection[Tier]) -> int:
+    """Leading blocks found in tiers the request may load from."""
+    for i, tier in enumerate(tiers):
+        if tier not in allowed:
+            return i
+    return len(tiers)
 
 
 def _hit_tiers(lookup: _Lookup, blocks: int) -> list[Tier]:

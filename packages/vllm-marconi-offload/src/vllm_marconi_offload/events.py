@@ -1,0 +1,195 @@
+"""What the store's tiers can load, as a stream of changes for KV-aware routers.
+
+`TierEvents` listens to the store (`TieredStore.tier_listener`) and queues, in order, one
+change per block and tier: stored (loadable from now on) or removed (no longer), plus a
+`CLEARED` marker ahead of a full re-announcement (at start, after a reset). It keeps what
+makes each event self-describing (vLLM's parent hash, token ids, extra keys) for every
+block some tier holds, since a removal or a demotion happens long after the request that
+computed the block has gone. `kv_events.py` turns the changes into vLLM's event classes.
+
+Built only when vLLM's KV events are on: without it, the store calls no listener and the
+scheduler records nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from array import array
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvpool_mmap import Tier
+from vllm_kv_identity import GROUP_ID_BYTES
+
+from .log import logger
+
+TIERS = (Tier.L1, Tier.L2)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockInfo:
+    """What a block's store event carries besides its key."""
+
+    parent_hash: bytes | None
+    """vLLM's hash of the previous block in the prompt (None for the first block)."""
+    token_ids: array[int]
+    extra_keys: tuple[Any, ...] | None = None
+    """vLLM's extra keys of this block as its events publish them (cache salt, LoRA, ...)."""
+    lora_id: int | None = None
+    lora_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change of what a tier can load; `tier` None with `loadable` False: everything
+    this engine announced before is gone (a fresh announcement follows)."""
+
+    key: bytes
+    tier: Tier | None
+    loadable: bool
+    info: BlockInfo | None = None
+
+
+CLEARED = Change(b"", None, False)
+
+
+def block_hash(key: bytes) -> bytes:
+    """vLLM's block hash inside a store key (`vllm_kv_identity.block_key`)."""
+    return key[:-GROUP_ID_BYTES]
+
+
+class TierEvents:
+    """Queues each tier's changes; remembers the blocks' descriptions while a tier holds them.
+
+    Scheduler-side, single-threaded (the store calls `on_change` on its owner thread).
+    """
+
+    def __init__(self, describe: Callable[[Any, int], BlockInfo]) -> None:
+        """`describe(request, index)`: block `index` of a live vLLM request's description."""
+        self._describe = describe
+        self._info: dict[bytes, BlockInfo] = {}
+        self._held: dict[Tier, set[bytes]] = {tier: set() for tier in TIERS}
+        self._changes: list[Change] = []
+
+    def record(self, request: Any, key: bytes, index: int) -> None:
+        """Remember what `key`, block `index` of `request`, is (while the request is
+        alive: a store of it was planned, or it is part of a hit)."""
+        if key not in self._info:
+            self._info[key] = self._describe(request, index)
+
+    def forget_unheld(self, keys: Iterable[bytes]) -> None:
+        """Drop descriptions of keys no tier took (a store that was aborted)."""
+        for key in keys:
+            if not self._is_held(key):
+                self._info.pop(key, None)
+
+    def on_change(self, key: bytes, tier: Tier, loadable: bool) -> None:
+        """The store's `tier_listener`: queue a change that tells something new."""
+        held = self._held[tier]
+        if loadable == (key in held):
+            return  # repeated, or the removal of a copy never announced (a failed write)
+        if loadable:
+            held.add(key)
+        else:
+            held.discard(key)
+        self._changes.append(Change(key, tier, loadable, self._info.get(key)))
+        if not loadable and not self._is_held(key):
+            self._info.pop(key, None)
+
+    def announce_all(self) -> None:
+        """Queue `CLEARED` and then every block each tier holds (the engine started, or
+        its cache was reset while some blocks were in use)."""
+        self._changes.append(CLEARED)
+        for tier in TIERS:
+            for key in self._held[tier]:
+                self._changes.append(Change(key, tier, True, self._info.get(key)))
+
+    def adopt(self, tier: Tier, keys: Iterable[bytes]) -> None:
+        """Blocks `tier` already holds (L2 after a restart): held, announced by
+        `announce_all`."""
+        self._held[tier].update(keys)
+
+    def take(self) -> list[Change]:
+        """The changes queued since the last call, oldest first."""
+        changes, self._changes = self._changes, []
+        return changes
+
+    def held(self, tier: Tier) -> set[bytes]:
+        """Keys `tier` holds as far as the changes so far tell (for checks)."""
+        return set(self._held[tier])
+
+    def _is_held(self, key: bytes) -> bool:
+        return any(key in self._held[tier] for tier in TIERS)
+
+    # -- descriptions of L2 blocks across restarts -----------------------------------
+
+    def save(self, path: Path) -> int:
+        """Write the descriptions of the blocks L2 holds (at shutdown, after the last
+        L2 write), so the next start announces them self-describing; the count written.
+        Blocks with extra keys JSON cannot carry (prompt-embedding digests) are left out:
+        they are announced by hash only."""
+        lines = []
+        for key in self._held[Tier.L2]:
+            info = self._info.get(key)
+            if info is not None:
+                with contextlib.suppress(TypeError, ValueError):
+                    lines.append(json.dumps(_encode(key, info)))
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text("\n".join(lines))
+        tmp.replace(path)
+        return len(lines)
+
+    def load(self, path: Path, keys: Iterable[bytes]) -> int:
+        """Read the descriptions `save` wrote for those of `keys` it has; the count read.
+        A missing or damaged file only leaves blocks announced by hash."""
+        wanted = set(keys)
+        found = 0
+        try:
+            text = path.read_text()
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            try:
+                key, info = _decode(json.loads(line))
+            except (ValueError, TypeError, KeyError) as exc:
+                logger.warning("KV events: skipped a damaged line of %s: %s", path, exc)
+                continue
+            if key in wanted:
+                self._info[key] = info
+                found += 1
+        return found
+
+
+def _encode(key: bytes, info: BlockInfo) -> dict[str, Any]:
+    return {
+        "key": key.hex(),
+        "parent": info.parent_hash.hex() if info.parent_hash is not None else None,
+        "tokens": info.token_ids.tolist(),
+        "extra": info.extra_keys,
+        "lora": [info.lora_id, info.lora_name],
+    }
+
+
+def _decode(record: dict[str, Any]) -> tuple[bytes, BlockInfo]:
+    parent = record["parent"]
+    extra = record["extra"]
+    lora_id, lora_name = record["lora"]
+    info = BlockInfo(
+        parent_hash=bytes.fromhex(parent) if parent is not None else None,
+        token_ids=array("i", record["tokens"]),
+        extra_keys=_tuples(extra) if extra is not None else None,
+        lora_id=lora_id,
+        lora_name=lora_name,
+    )
+    return bytes.fromhex(record["key"]), info
+
+
+def _tuples(value: Any) -> Any:
+    """JSON lists back to the tuples vLLM's extra keys are made of."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
