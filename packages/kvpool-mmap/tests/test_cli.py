@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import Holder, MakeConfig, block, key
 from kvpool_mmap import StoreConfig, TieredStore, __version__
 
@@ -114,3 +115,34 @@ def test_clear_removes_stale_files_and_refuses_a_running_pool(
     out = kvpool("clear", "--l2", str(tmp_path / "l2"))
     assert sorted(p.name for p in (tmp_path / "l2").iterdir()) == ["kvpool-running-dp0-tp0.l2"]
     running.stop()
+
+
+@pytest.mark.parametrize("command", ["list", "check", "clear"])
+def test_a_path_that_is_no_directory_is_one_line_and_exit_2(tmp_path: Path, command: str) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for path, why in ((tmp_path / "missing", "does not exist"), (afile, "is not a directory")):
+        out = kvpool(command, str(path))
+        assert out.returncode == 2
+        assert out.stdout == ""
+        assert out.stderr.splitlines() == [
+            f"kvpool {command}: error: argument PATH: {path} {why}"
+            + (" (give a pool directory)" if path == afile else "")
+        ]
+    assert afile.read_text() == "x"
+
+
+def test_bad_flags_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    for args, named in ((["clear", "--l3", str(tmp_path)], "--l3"), (["frob"], "'frob'")):
+        out = kvpool(*args)
+        assert out.returncode == 2
+        lines = out.stderr.splitlines()
+        assert len(lines) == 1
+        assert lines[0].startswith("kvpool")
+        assert named in lines[0]
+
+
+def test_clear_on_an_empty_directory_says_so(tmp_path: Path) -> None:
+    out = kvpool("clear", str(tmp_path))
+    assert out.returncode == 0
+    assert out.stdout == f"{tmp_path}: no pool files\n"

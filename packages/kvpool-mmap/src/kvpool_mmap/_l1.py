@@ -20,7 +20,7 @@ from ._codec import L1_MAGIC, Superblock, describe_mismatch, expected_superblock
 from ._config import PAGE, StoreConfig, prepare_dir
 from ._errors import LayoutMismatchError
 from ._lock import lock_or_raise, same_file
-from ._pools import remove_if_stale, remove_stale_l1
+from ._pools import naming_stale_files, remove_if_stale, remove_stale_l1
 from ._slab import close_map, map_file, open_pool_file, read_page0, reserve
 
 log = logging.getLogger("kvpool_mmap")
@@ -50,17 +50,18 @@ class L1RankFile:
         populate = create if populate is None else populate
         in_parallel = populate and _prefault.supported()
         if create:
-            self._fd = _create_locked(
-                self.path,
-                size,
-                want.encode(),
-                config.key("l1.bytes_to_use"),
-                config.key("l1.path"),
-                f"Every running engine needs its own {config.key('engine_id')} "
-                f"(now {config.engine_id!r}) or its own {config.key('l1.path')}.",
-                allocate=not in_parallel,
-            )
-            remove_stale_l1(self.path.parent)
+            remove_stale_l1(self.path.parent)  # their memory is free before ours is reserved
+            with naming_stale_files(self.path.parent):
+                self._fd = _create_locked(
+                    self.path,
+                    size,
+                    want.encode(),
+                    config.key("l1.bytes_to_use"),
+                    config.key("l1.path"),
+                    f"Every running engine needs its own {config.key('engine_id')} "
+                    f"(now {config.engine_id!r}) or its own {config.key('l1.path')}.",
+                    allocate=not in_parallel,
+                )
         else:
             try:
                 self._fd = open_pool_file(self.path, config.key("l1.path"), create=False)
@@ -81,13 +82,14 @@ class L1RankFile:
                 raise LayoutMismatchError(f"L1 file {self.path} is shorter than {size} bytes")
             self._mm = map_file(self._fd, size, populate=populate and not in_parallel)
             if in_parallel:
-                _prefault.populate(
-                    self._mm,
-                    self.data_offset,
-                    size - self.data_offset,
-                    self.path,
-                    "l1.bytes_to_use",
-                )
+                with naming_stale_files(self.path.parent):
+                    _prefault.populate(
+                        self._mm,
+                        self.data_offset,
+                        size - self.data_offset,
+                        self.path,
+                        config.key("l1.bytes_to_use"),
+                    )
         except BaseException:
             if create:
                 _unlink_if_same(self.path, self._fd)

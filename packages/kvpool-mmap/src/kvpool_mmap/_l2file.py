@@ -29,7 +29,8 @@ from ._codec import (
 )
 from ._config import HEADER_BYTES, PAGE, StoreConfig, prepare_dir
 from ._errors import LayoutMismatchError
-from ._lock import lock_or_raise
+from ._lock import lock_or_raise, same_file
+from ._pools import naming_stale_files
 from ._slab import open_pool_file, read_exact, reserve, write_all
 
 log = logging.getLogger("kvpool_mmap")
@@ -120,9 +121,12 @@ class L2RankFile:
         write_all(self._fd, bytes(PAGE), 0)
         os.ftruncate(self._fd, 0)
         try:
-            reserve(self._fd, self.size, self.path, budget_key)
+            with naming_stale_files(self.path.parent):
+                reserve(self._fd, self.size, self.path, budget_key)
         except BaseException:
             os.ftruncate(self._fd, 0)  # give back whatever was allocated
+            if reason == "new" and same_file(self._fd, self.path):
+                os.unlink(self.path)  # a refused new pool leaves nothing behind
             raise
         os.fdatasync(self._fd)
         write_all(self._fd, self.want.encode(), 0)

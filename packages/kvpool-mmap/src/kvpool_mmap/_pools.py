@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from ._codec import L1_MAGIC, L2_MAGIC, Superblock, decode_table
 from ._config import HEADER_BYTES, PAGE
-from ._errors import KvPoolError, LayoutMismatchError, PoolInUseError
+from ._errors import InsufficientSpaceError, KvPoolError, LayoutMismatchError, PoolInUseError
 from ._lock import describe_process, holders, lock_or_raise, pid_alive, same_file
 from ._slab import open_pool_file
 
@@ -153,3 +154,40 @@ def remove_stale_l1(directory: Path) -> list[Path]:
             continue
         removed.append(path)
     return removed
+
+
+def stale_pool_files(directory: Path) -> list[PoolFile]:
+    """Pool files in `directory` that no running process holds (never raises)."""
+    stale = []
+    try:
+        paths = pool_files(directory)
+    except OSError:
+        return []
+    for path in paths:
+        try:
+            info = inspect_pool_file(path)
+        except (KvPoolError, OSError):
+            continue
+        if not info.owners:
+            stale.append(info)
+    return stale
+
+
+@contextlib.contextmanager
+def naming_stale_files(directory: Path) -> Iterator[None]:
+    """Re-raise InsufficientSpaceError naming the stale pool files in `directory` that
+    hold part of the space, and the command that removes them."""
+    try:
+        yield
+    except InsufficientSpaceError as exc:
+        stale = stale_pool_files(directory)
+        if not stale:
+            raise
+        listed = ", ".join(f"{f.path} ({f.size} bytes)" for f in stale)
+        flag = "--l2 " if any(f.tier == "l2" for f in stale) else ""
+        raise InsufficientSpaceError(
+            exc.errno,
+            f"{exc.strerror}; stale pool files there (no running owner): {listed}; "
+            f"`kvpool clear {flag}{directory}` removes them"
+            + (" (an L2 file's blocks are lost)" if flag else ""),
+        ) from exc

@@ -6,16 +6,19 @@
 
 A file is *stale* when no running process holds its lock (its engine exited or was
 killed). Files a running engine holds are never changed: check and clear skip them and
-say who holds them (exit status 1).
+say who holds them (exit status 1). A bad flag or a PATH that is no directory is one line
+on stderr and exit status 2; nothing is changed then.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from ._errors import KvPoolError, PoolInUseError
 from ._pools import (
@@ -42,10 +45,32 @@ def _size(n: int) -> str:
 def _files(dirs: Sequence[Path]) -> list[Path]:
     out = []
     for d in dirs:
-        if not d.is_dir():
-            raise SystemExit(f"kvpool: {d} is not a directory")
-        out += pool_files(d)
+        found = pool_files(d)
+        if not found:
+            print(f"{d}: no pool files")
+        out += found
     return out
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (`kvpool: error: ...`), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _pool_dir(text: str) -> Path:
+    """A PATH argument: an existing directory that can be listed."""
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text} does not exist")
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a directory (give a pool directory)")
+    try:
+        os.scandir(path).close()
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text} cannot be listed: {exc.strerror}") from None
+    return path
 
 
 def _row(info: PoolFile) -> list[str]:
@@ -133,11 +158,11 @@ def cmd_clear(dirs: Sequence[Path], l2: bool) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kvpool", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p_list = sub.add_parser("list", help="show every pool file and who owns it")
     p_check = sub.add_parser("check", help="verify L2 checksums (engine stopped)")
     p_check.add_argument("--fix", action="store_true", help="invalidate unusable slots")
@@ -146,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--l2", action="store_true", help="also remove stale L2 files (their blocks are lost)"
     )
     for p in (p_list, p_check, p_clear):
-        p.add_argument("dirs", nargs="+", type=Path, metavar="PATH", help="pool directory")
+        p.add_argument("dirs", nargs="+", type=_pool_dir, metavar="PATH", help="pool directory")
     args = parser.parse_args(argv)
     if args.command == "list":
         return cmd_list(args.dirs)
