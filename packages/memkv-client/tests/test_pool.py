@@ -1,10 +1,14 @@
-"""Connection pool rules, with fake sessions and an injected clock."""
+"""Connection pool rules, with fake sessions: reuse, retry, deadlines, member health."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
-from memkv_client.errors import MemKVTimeout, TransportError
-from memkv_client.pool import ExponentialBackoff, ServerPool
+from conftest import wait_until
+from memkv_client.errors import MemberDownError, MemKVTimeout, TransportError
+from memkv_client.health import ExponentialBackoff
+from memkv_client.pool import ServerPool
 
 
 class FakeSession:
@@ -12,6 +16,7 @@ class FakeSession:
         self.n = n
         self.broken = False
         self.closed = False
+        self.deadline: float | None = None
 
     def close(self) -> None:
         self.closed = True
@@ -20,9 +25,11 @@ class FakeSession:
 class Factory:
     def __init__(self) -> None:
         self.made: list[FakeSession] = []
+        self.timeouts: list[float] = []
         self.fail = False
 
-    def __call__(self) -> FakeSession:
+    def __call__(self, timeout: float) -> FakeSession:
+        self.timeouts.append(timeout)
         if self.fail:
             raise TransportError("connect refused")
         s = FakeSession(len(self.made))
@@ -30,8 +37,14 @@ class Factory:
         return s
 
 
-def make(factory: Factory, now: list[float]) -> ServerPool[FakeSession]:
-    return ServerPool("h:1", factory, 2, 0.01, ExponentialBackoff(0.1, 1.0), clock=lambda: now[0])
+def make(factory: Factory, probe_interval: float = 0.05) -> ServerPool[FakeSession]:
+    return ServerPool(
+        "h:1", factory, 2, ping=lambda s: None, connect_timeout=5.0, probe_interval=probe_interval
+    )
+
+
+def soon(seconds: float = 10.0) -> float:
+    return time.monotonic() + seconds
 
 
 def test_backoff_values() -> None:
@@ -39,32 +52,54 @@ def test_backoff_values() -> None:
     assert [b.compute(n) for n in range(7)] == [0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.0]
 
 
-def test_sessions_are_reused() -> None:
-    f, now = Factory(), [0.0]
-    pool = make(f, now)
-    assert pool.run(lambda s: s.n) == 0
-    assert pool.run(lambda s: s.n) == 0
+def test_sessions_are_reused_and_carry_the_deadline() -> None:
+    f = Factory()
+    pool = make(f)
+    deadline = soon()
+    assert pool.run(lambda s: (s.n, s.deadline), deadline) == (0, deadline)
+    assert pool.run(lambda s: s.n, soon()) == 0
     assert len(f.made) == 1
+    assert f.timeouts == [5.0]  # the connect timeout when the deadline is further away
+    pool.close()
 
 
-def test_failed_connect_backs_off_without_retrying_the_connect() -> None:
-    f, now = Factory(), [0.0]
-    pool = make(f, now)
+def test_connect_is_bounded_by_the_deadline() -> None:
+    f = Factory()
+    pool = make(f)
+    pool.run(lambda s: s.n, soon(0.5))
+    assert 0 < f.timeouts[0] <= 0.5
+    with pytest.raises(MemKVTimeout, match="before the deadline"):
+        pool.run(lambda s: s.n, time.monotonic() - 1)
+    assert pool.health.up  # a caller's spent budget is not the member's fault
+    pool.close()
+
+
+def test_refused_connect_marks_the_member_down_until_a_probe_succeeds() -> None:
+    """Real requests never retry a down member; only the background probe does."""
+    f = Factory()
+    pool = make(f, probe_interval=0.05)
     f.fail = True
     with pytest.raises(TransportError, match="refused"):
-        pool.run(lambda s: s.n)
+        pool.run(lambda s: s.n, soon())
+    assert not pool.health.up
+    assert wait_until(lambda: pool.health.snapshot().probe_failures >= 2)
+    made_by_probes = len(f.timeouts)
+    with pytest.raises(MemberDownError, match="member down"):
+        pool.run(lambda s: s.n, soon())
+    assert len(f.timeouts) - made_by_probes <= 1  # at most a probe in between, no request
     f.fail = False
-    with pytest.raises(TransportError, match=r"next attempt in 0\.10s"):
-        pool.run(lambda s: s.n)  # within the backoff: fails fast, no connect
-    assert f.made == []
-    now[0] = 0.2
-    assert pool.run(lambda s: s.n) == 0
+    assert wait_until(lambda: pool.health.up)
+    assert pool.run(lambda s: s.n, soon()) == 0  # the probe's session, kept for callers
+    assert len(f.made) == 1
+    health = pool.health.snapshot()
+    assert (health.went_down, health.came_up, health.skipped) == (1, 1, 1)
+    pool.close()
 
 
 def test_stale_pooled_session_is_retried_once_on_a_fresh_one() -> None:
-    f, now = Factory(), [0.0]
-    pool = make(f, now)
-    pool.run(lambda s: s.n)
+    f = Factory()
+    pool = make(f)
+    pool.run(lambda s: s.n, soon())
     calls: list[int] = []
 
     def op(s: FakeSession) -> int:
@@ -73,52 +108,59 @@ def test_stale_pooled_session_is_retried_once_on_a_fresh_one() -> None:
             raise TransportError("reset by peer")
         return s.n
 
-    assert pool.run(op) == 1
+    assert pool.run(op, soon()) == 1
     assert calls == [0, 1]
     assert f.made[0].closed
+    assert pool.health.up
+    pool.close()
 
 
-def test_timeouts_are_not_retried() -> None:
-    f, now = Factory(), [0.0]
-    pool = make(f, now)
-    pool.run(lambda s: s.n)
+def test_a_timeout_is_not_retried_and_marks_the_member_down() -> None:
+    f = Factory()
+    pool = make(f, probe_interval=60)
+    pool.run(lambda s: s.n, soon())
 
     def op(s: FakeSession) -> int:
         raise MemKVTimeout("request timed out")
 
     with pytest.raises(MemKVTimeout):
-        pool.run(op)
+        pool.run(op, soon())
     assert len(f.made) == 1
+    health = pool.health.snapshot()
+    assert (health.up, health.deadline_misses, health.reason) == (False, 1, "request timed out")
+    pool.close()
 
 
 def test_fresh_session_failure_is_not_retried() -> None:
-    f, now = Factory(), [0.0]
-    pool = make(f, now)
+    f = Factory()
+    pool = make(f)
 
     def op(s: FakeSession) -> int:
         raise TransportError("reset")
 
     with pytest.raises(TransportError):
-        pool.run(op)
+        pool.run(op, soon())
     assert len(f.made) == 1
+    pool.close()
 
 
 def test_all_slots_busy_times_out() -> None:
-    f, now = Factory(), [0.0]
-    pool = make(f, now)
+    f = Factory()
+    pool = make(f)
 
     def nested(s: FakeSession) -> int:
-        return pool.run(lambda t: pool.run(lambda u: u.n))  # needs a third slot
+        return pool.run(lambda t: pool.run(lambda u: u.n, soon(0.01)), soon())  # a third slot
 
     with pytest.raises(MemKVTimeout, match="no free connection"):
-        pool.run(nested)
+        pool.run(nested, soon())
+    pool.close()
 
 
 def test_closed_pool_refuses() -> None:
-    f, now = Factory(), [0.0]
-    pool = make(f, now)
-    pool.run(lambda s: s.n)
+    f = Factory()
+    pool = make(f)
+    pool.run(lambda s: s.n, soon())
     pool.close()
     assert f.made[0].closed
     with pytest.raises(TransportError, match="closed"):
-        pool.run(lambda s: s.n)
+        pool.run(lambda s: s.n, soon())

@@ -7,6 +7,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -445,7 +446,7 @@ def test_xfer_server_checks_the_pieces_too(fabric: Fabric, rdma_server: InProces
         bad = [(b"k", 0, 10, pool.ctypes.data, rkey), (b"k", 15, 10, pool.ctypes.data, rkey)]
         meta = p.encode_xfer(True, bad)
         with pytest.raises(ServerError, match="do not tile"):
-            c._pools[0].run(lambda s: s.tcp.call(p.Op.RDMA_XFER, meta))
+            c._pools[0].run(lambda s: s.tcp.call(p.Op.RDMA_XFER, meta), time.monotonic() + 30)
         assert c.exists(["k"]) == [False]
 
 

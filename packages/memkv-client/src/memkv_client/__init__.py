@@ -14,6 +14,7 @@ from .errors import (
     ConfigError,
     KeyTooLongError,
     LocalProtocolError,
+    MemberDownError,
     MemKVError,
     MemKVTimeout,
     NoSpaceError,
@@ -25,6 +26,7 @@ from .errors import (
     TransportError,
     ValueTooLargeError,
 )
+from .health import MemberHealth
 from .results import ItemResult, ResultKind
 from .topology import choose_nic, host_has_nic_per_gpu, rdma_affinity, select_rail
 
@@ -41,6 +43,8 @@ __all__ = [
     "LocalProtocolError",
     "MemKVError",
     "MemKVTimeout",
+    "MemberDownError",
+    "MemberHealth",
     "NoSpaceError",
     "ProtocolError",
     "RawSetting",

@@ -5,11 +5,20 @@ Batch calls split their items per server (HRW) and into requests of at most
 `max_batch_size` items / `max_request_mb` bytes, run those requests concurrently
 (one connection each, up to `num_connections` per server) and return per-item
 results in input order.
+
+Every call runs under one deadline: its `timeout=` argument (seconds), else
+`request_timeout_ms` plus 1 s per 16 MiB of values it moves. It bounds waiting for a
+connection, connecting and every socket wait. A member that misses a deadline or
+refuses a connection is skipped (`memkv_client.health`) until a background probe
+succeeds: its keys read as absent, its items as `TRANSPORT` results with
+`member_down`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -23,18 +32,19 @@ from .config import Config, Transport, load_config
 from .errors import (
     ConfigError,
     LocalProtocolError,
+    MemberDownError,
     MemKVError,
     RdmaUnavailableError,
-    ServerError,
     TransportError,
     ValueTooLargeError,
     error_from_status,
 )
+from .health import MemberHealth
 from .pool import ServerPool
 from .protocol import Status
-from .results import ItemResult, ResultKind, result_from_status
+from .results import ItemResult, ResultKind, failure_result, result_from_status
 from .routing import Router
-from .session import TcpSession
+from .session import _MIN_RATE, TcpSession
 from .sockio import is_loopback, parse_address
 
 __all__ = ["Client"]
@@ -118,16 +128,31 @@ class Client:
         return RdmaEngine(backend, self.config)
 
     def _make_pool(self, index: int, address: str) -> ServerPool[Any]:
-        bind = self.config.bind_addresses[index % len(self.config.bind_addresses)]
+        config = self.config
+        bind = config.bind_addresses[index % len(config.bind_addresses)]
 
-        def factory() -> TcpSession:
-            session = TcpSession(address, self.config, self._signer, bind)
+        def factory(timeout: float) -> TcpSession:
+            """A session within `timeout` s: connect, HELLO and (RDMA) queue-pair setup."""
+            deadline = time.monotonic() + timeout
+            ms = max(1, math.ceil(timeout * 1000))
+            bounded = dataclasses.replace(
+                config,
+                connect_timeout_ms=min(config.connect_timeout_ms, ms),
+                request_timeout_ms=min(config.request_timeout_ms, ms),
+            )
+            session = TcpSession(address, bounded, self._signer, bind)
+            session.deadline = deadline
             if self._rdma is not None:
                 return self._rdma.upgrade(session)  # type: ignore[no-any-return]
             return session
 
         return ServerPool(
-            address, factory, self.config.num_connections, self.config.request_timeout_ms / 1000
+            address,
+            factory,
+            config.num_connections,
+            ping=lambda s: s.exists([]),
+            connect_timeout=config.connect_timeout_ms / 1000,
+            probe_interval=config.probe_interval_ms / 1000,
         )
 
     # --- plumbing ----------------------------------------------------------------------
@@ -135,6 +160,16 @@ class Client:
     def _check_open(self) -> None:
         if self._closed:
             raise TransportError("client is closed")
+
+    def _deadline(self, timeout: float | None, nbytes: int = 0) -> float:
+        """The monotonic deadline of a call given `timeout=` and the bytes it moves."""
+        if timeout is None:
+            return time.monotonic() + self.config.request_timeout_ms / 1000 + nbytes / _MIN_RATE
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise LocalProtocolError(f"timeout={timeout!r}: pass seconds (a number) or None")
+        if not 0 < timeout < math.inf:
+            raise LocalProtocolError(f"timeout={timeout!r}: pass a positive finite number")
+        return time.monotonic() + timeout
 
     def _server_index(self, server: str | int) -> int:
         if isinstance(server, int):
@@ -199,6 +234,7 @@ class Client:
         keys: list[bytes],
         sizes: Sequence[int],
         op: Callable[[Any, list[int]], list[ItemResult]],
+        deadline: float,
         keep_keys_together: bool = False,
     ) -> list[ItemResult]:
         self._check_open()
@@ -219,11 +255,9 @@ class Client:
                     pool: ServerPool[Any] = pool, chunk: list[int] = chunk
                 ) -> tuple[list[int], list[ItemResult]]:
                     try:
-                        return chunk, pool.run(lambda s: op(s, chunk))
-                    except ServerError as exc:
-                        return chunk, [ItemResult(ResultKind.SERVER, str(exc))] * len(chunk)
+                        return chunk, pool.run(lambda s: op(s, chunk), deadline)
                     except (MemKVError, OSError) as exc:  # OSError: defence in depth
-                        return chunk, [ItemResult(ResultKind.TRANSPORT, str(exc))] * len(chunk)
+                        return chunk, [failure_result(exc, pool.address)] * len(chunk)
 
                 tasks.append(task)
         for outcome in self._run_all(tasks):
@@ -251,10 +285,12 @@ class Client:
 
     # --- the vendor API ----------------------------------------------------------------
 
-    def exists(self, keys: Iterable[bytes | str]) -> list[bool]:
-        """Which keys are present, in input order. Keys on unreachable servers read False."""
+    def exists(self, keys: Iterable[bytes | str], *, timeout: float | None = None) -> list[bool]:
+        """Which keys are present, in input order, by the deadline. Keys on a member that
+        is unreachable, missed the deadline or is marked down read False."""
         self._check_open()
         kb = _as_keys(keys, "exists")
+        deadline = self._deadline(timeout)
         out = [False] * len(kb)
         tasks: list[Callable[[], tuple[list[int], list[bool] | MemKVError, str]]] = []
         for server, positions in self._router.group(kb).items():
@@ -265,7 +301,7 @@ class Client:
                     pool: ServerPool[Any] = pool, chunk: list[int] = chunk
                 ) -> tuple[list[int], list[bool] | MemKVError, str]:
                     try:
-                        flags = pool.run(lambda s: s.exists([kb[i] for i in chunk]))
+                        flags = pool.run(lambda s: s.exists([kb[i] for i in chunk]), deadline)
                     except MemKVError as exc:
                         return chunk, exc, pool.address
                     except OSError as exc:  # defence in depth: sessions wrap these
@@ -277,32 +313,40 @@ class Client:
             assert not isinstance(outcome, BaseException)
             chunk, flags, address = outcome
             if isinstance(flags, MemKVError):
-                self._warn_limited(address, f"exists: {flags} (reported as absent)")
+                if not isinstance(flags, MemberDownError):  # its transition was logged
+                    self._warn_limited(address, f"exists: {flags} (reported as absent)")
                 continue
             for pos, flag in zip(chunk, flags, strict=True):
                 out[pos] = flag
         return out
 
-    def exists_on(self, server: str | int, keys: Iterable[bytes | str]) -> list[bool]:
-        """Ask one server directly (bypasses HRW); raises on any error."""
+    def exists_on(
+        self, server: str | int, keys: Iterable[bytes | str], *, timeout: float | None = None
+    ) -> list[bool]:
+        """Ask one server directly (bypasses HRW); raises on any error, including
+        `MemberDownError` while that member is marked down."""
         self._check_open()
         pool = self._pools[self._server_index(server)]
         kb = _as_keys(keys, "exists_on")
+        deadline = self._deadline(timeout)
         out: list[bool] = []
         for start in range(0, len(kb), self.config.max_batch_size):
             part = kb[start : start + self.config.max_batch_size]
-            out += self._exists_part(pool, part)
+            out += self._exists_part(pool, part, deadline)
         return out
 
     @staticmethod
-    def _exists_part(pool: ServerPool[Any], part: list[bytes]) -> list[bool]:
-        result: list[bool] = pool.run(lambda s: s.exists(part))
+    def _exists_part(pool: ServerPool[Any], part: list[bytes], deadline: float) -> list[bool]:
+        result: list[bool] = pool.run(lambda s: s.exists(part), deadline)
         return result
 
-    def batch_put_views(self, items: Iterable[Item]) -> list[ItemResult]:
+    def batch_put_views(
+        self, items: Iterable[Item], *, timeout: float | None = None
+    ) -> list[ItemResult]:
         """Store `(key, buffer_or_address, length)` items, read in place from the caller's memory.
 
-        The memory must stay alive and unchanged until the call returns.
+        The memory must stay alive and unchanged until the call returns. Items whose
+        member missed the deadline are `TRANSPORT` results with `timed_out` (stored or not).
         """
         keys: list[bytes] = []
         views: list[memoryview] = []
@@ -316,13 +360,18 @@ class Client:
             codes = session.put([(keys[i], views[i]) for i in chunk])
             return [result_from_status(c) for c in codes]
 
-        return self._batch(keys, [len(v) for v in views], op)
+        sizes = [len(v) for v in views]
+        return self._batch(keys, sizes, op, self._deadline(timeout, sum(sizes)))
 
-    def batch_get_into(self, items: Iterable[Item]) -> list[ItemResult]:
+    def batch_get_into(
+        self, items: Iterable[Item], *, timeout: float | None = None
+    ) -> list[ItemResult]:
         """Read `(key, buffer_or_address, length)` items into the caller's memory.
 
         Full length or miss: an item is OK only if the stored value is exactly `length`
-        bytes; otherwise it is a MISS and its buffer content is unspecified.
+        bytes; otherwise it is a MISS and its buffer content is unspecified. An item
+        whose member missed the deadline is a `TRANSPORT` result with `timed_out`, one
+        on a member marked down has `member_down`: not a miss, the value may be there.
         """
         keys: list[bytes] = []
         views: list[memoryview] = []
@@ -330,14 +379,21 @@ class Client:
             k = as_key(key)
             keys.append(k)
             views.append(as_view(buf, length, writable=True))
+        sizes = [len(v) for v in views]
+        return self._get_into(keys, views, self._deadline(timeout, sum(sizes)))
 
+    def _get_into(
+        self, keys: list[bytes], views: list[memoryview], deadline: float
+    ) -> list[ItemResult]:
         def op(session: Any, chunk: list[int]) -> list[ItemResult]:
             pairs = session.get_into([(keys[i], views[i]) for i in chunk])
             return [result_from_status(c, n) for c, n in pairs]
 
-        return self._batch(keys, [len(v) for v in views], op)
+        return self._batch(keys, [len(v) for v in views], op, deadline)
 
-    def batch_xfer(self, items: Iterable[XferItem], is_write: bool) -> list[ItemResult]:
+    def batch_xfer(
+        self, items: Iterable[XferItem], is_write: bool, *, timeout: float | None = None
+    ) -> list[ItemResult]:
         """Move `(key, address, length, value_offset)` items with one-sided RDMA.
 
         The server drives the transfer (RDMA READ from the caller's memory for a write,
@@ -388,9 +444,11 @@ class Client:
             pairs = session.xfer([wire[i] for i in chunk], is_write)
             return [result_from_status(c, n) for c, n in pairs]
 
-        return self._batch(keys, [w[2] for w in wire], op, keep_keys_together=is_write)
+        sizes = [w[2] for w in wire]
+        deadline = self._deadline(timeout, sum(sizes))
+        return self._batch(keys, sizes, op, deadline, keep_keys_together=is_write)
 
-    def put(self, key: bytes | str, data: BufferOrAddress) -> None:
+    def put(self, key: bytes | str, data: BufferOrAddress, *, timeout: float | None = None) -> None:
         """Store one value; raises on failure."""
         if isinstance(data, int):
             raise LocalProtocolError("put() takes a buffer; use batch_put_views for addresses")
@@ -400,39 +458,44 @@ class Client:
             raise LocalProtocolError(
                 f"invalid value of type {type(data).__name__!r}: pass a buffer"
             ) from None
-        (r,) = self.batch_put_views([(key, data, nbytes)])
+        (r,) = self.batch_put_views([(key, data, nbytes)], timeout=timeout)
         self._raise_for(r)
 
-    def get(self, key: bytes | str) -> bytes | None:
-        """Read one value, or None if absent."""
+    def get(self, key: bytes | str, *, timeout: float | None = None) -> bytes | None:
+        """Read one value, or None if absent; `timeout` bounds the whole call."""
+        k = as_key(key)
+        deadline = self._deadline(timeout)
         for _ in range(8):  # a concurrent overwrite may change the size between the two calls
-            n = self.size(key)
+            n = self._size(k, deadline)
             if n is None:
                 return None
             buf = bytearray(n)
-            (r,) = self.batch_get_into([(key, buf, n)])
+            allowance = n / _MIN_RATE if timeout is None else 0.0
+            (r,) = self._get_into([k], [memoryview(buf)], deadline + allowance)
             if r.ok:
                 return bytes(buf)
             if r.kind is not ResultKind.MISS:
                 self._raise_for(r)
         return None
 
-    def size(self, key: bytes | str) -> int | None:
+    def size(self, key: bytes | str, *, timeout: float | None = None) -> int | None:
         """Length of the stored value, or None if absent."""
-        k = as_key(key)
+        return self._size(as_key(key), self._deadline(timeout))
+
+    def _size(self, k: bytes, deadline: float) -> int | None:
         pool = self._pools[self._router.route(k)]
-        ((status, n),) = pool.run(lambda s: s.size([k]))
+        ((status, n),) = pool.run(lambda s: s.size([k]), deadline)
         if status == Status.OK:
             return int(n)
         if status == Status.NOT_FOUND:
             return None
         raise error_from_status(Status(status), f"size({k!r})")
 
-    def delete(self, key: bytes | str) -> bool:
+    def delete(self, key: bytes | str, *, timeout: float | None = None) -> bool:
         """Remove a value; True if it existed."""
         k = as_key(key)
         pool = self._pools[self._router.route(k)]
-        (status,) = pool.run(lambda s: s.delete([k]))
+        (status,) = pool.run(lambda s: s.delete([k]), self._deadline(timeout))
         return bool(status == Status.OK)
 
     def servers(self) -> list[str]:
@@ -443,12 +506,13 @@ class Client:
         """Whether this client moves data over RDMA (False means TCP)."""
         return self._rdma is not None
 
-    def warmup(self) -> list[str]:
+    def warmup(self, *, timeout: float | None = None) -> list[str]:
         """Connect to every server now; return the servers that could not be reached."""
         self._check_open()
+        deadline = self._deadline(timeout)
 
         def probe(pool: ServerPool[Any]) -> Callable[[], bool]:
-            return lambda: pool.run(lambda s: s.exists([]) == [])  # a real round trip
+            return lambda: pool.run(lambda s: s.exists([]) == [], deadline)  # a round trip
 
         failed = []
         for pool, outcome in zip(
@@ -478,11 +542,15 @@ class Client:
         if self._rdma is not None:
             self._rdma.deregister_region(addr)
 
-    def stats(self, server: str | int = 0) -> dict[str, Any]:
+    def stats(self, server: str | int = 0, *, timeout: float | None = None) -> dict[str, Any]:
         """The server's statistics (lanes, capacity, counters)."""
         pool = self._pools[self._server_index(server)]
-        result: dict[str, Any] = pool.run(lambda s: s.stats())
+        result: dict[str, Any] = pool.run(lambda s: s.stats(), self._deadline(timeout))
         return result
+
+    def member_health(self) -> list[MemberHealth]:
+        """Each configured server's up/down state and counters, in configuration order."""
+        return [pool.health.snapshot() for pool in self._pools]
 
     def close(self) -> None:
         """Close every connection; the client cannot be used afterwards."""

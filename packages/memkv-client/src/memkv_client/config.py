@@ -56,8 +56,12 @@ class Config:
     connect_timeout_ms: int = 5000
     """Deadline for TCP connect plus the HELLO exchange."""
     request_timeout_ms: int = 5000
-    """Deadline for any single socket wait during a request (sends get this plus 1 s per
-    16 MiB); after a timeout the server is skipped (fail fast) for this long."""
+    """Default deadline of a whole call (plus 1 s per 16 MiB of values it moves); a call's
+    `timeout=` argument replaces it. A member that misses a deadline is skipped until a
+    background probe succeeds."""
+    probe_interval_ms: int = 500
+    """Longest wait between background probes of a member that is down (they start at
+    50 ms and double up to this)."""
     gid_index: int = 0
     traffic_class: int = 0
     service_level: int = 0
@@ -94,6 +98,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "cache_size_mb": (0, 1 << 20),
     "connect_timeout_ms": (1, 3_600_000),
     "request_timeout_ms": (1, 86_400_000),
+    "probe_interval_ms": (10, 60_000),
     "gid_index": (0, 255),
     "traffic_class": (0, 255),
     "service_level": (0, 15),

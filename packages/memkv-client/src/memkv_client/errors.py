@@ -21,6 +21,7 @@ __all__ = [
     "LocalProtocolError",
     "MemKVError",
     "MemKVTimeout",
+    "MemberDownError",
     "NoSpaceError",
     "ProtocolError",
     "RdmaUnavailableError",
@@ -96,6 +97,15 @@ class TransportError(MemKVError, ConnectionError):
 
 class MemKVTimeout(TransportError, TimeoutError):  # noqa: N818 (name kept from the vendor API)
     """A connect or a request ran past its deadline."""
+
+
+class MemberDownError(TransportError):
+    """Nothing was sent: the member is marked down (it missed a deadline or refused a
+    connection) until a background probe succeeds (`memkv_client.health`)."""
+
+    def __init__(self, address: str, message: str) -> None:
+        super().__init__(message)
+        self.address = address
 
 
 class RdmaUnavailableError(MemKVError):

@@ -1,22 +1,24 @@
-"""Per-server connection pools with reconnect backoff."""
+"""Per-server connection pools: every request under its caller's deadline, and a member
+that misses one (or refuses a connection) skipped until a background probe succeeds."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from .errors import MemKVTimeout, TransportError
+from .health import ExponentialBackoff, MemberState
 
-__all__ = ["ExponentialBackoff", "ServerPool", "SessionLike"]
+__all__ = ["ServerPool", "SessionLike"]
 
 T = TypeVar("T")
 
 
 class SessionLike(Protocol):
     broken: bool
+    deadline: float | None
 
     def close(self) -> None: ...
 
@@ -24,117 +26,107 @@ class SessionLike(Protocol):
 S = TypeVar("S", bound=SessionLike)
 
 
-@dataclass(frozen=True)
-class ExponentialBackoff:
-    """`min(cap, base * 2**(failures-1))` seconds."""
-
-    base: float = 0.05
-    cap: float = 1.0
-
-    def compute(self, failures: int) -> float:
-        if failures <= 0:
-            return 0.0
-        return float(min(self.cap, self.base * (2 ** min(failures - 1, 30))))
-
-
 class ServerPool(Generic[S]):
     """Up to `size` sessions to one server, each used by one thread at a time. Thread-safe.
 
-    After a failed connect, new connects fail fast until the backoff has passed, so a
-    dead server costs one connect attempt per backoff period rather than one per call.
-    After a request times out, connects fail fast for `wait_timeout` seconds, so a hung
-    (e.g. SIGSTOPped) server costs a batch at most one request timeout.
+    `factory(timeout)` connects a new session (connect and HELLO within `timeout`
+    seconds); `ping(session)` is one cheap round trip, used by the background probe.
+    Every `run` has a deadline (monotonic seconds) that bounds waiting for a free
+    connection, connecting, and every socket wait of the request (`session.deadline`).
+
+    A request that times out on the member's socket, or a connect that fails or times
+    out, marks the member down (`MemberState`): from then on `run` raises
+    `MemberDownError` at once, and only the probe (a fresh session within
+    `connect_timeout`, then `ping`, retried after waits growing to `probe_interval`)
+    contacts it. The probe's session is kept for the next caller.
     """
 
     def __init__(
         self,
         address: str,
-        factory: Callable[[], S],
+        factory: Callable[[float], S],
         size: int,
-        wait_timeout: float,
-        backoff: ExponentialBackoff | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        *,
+        ping: Callable[[S], object],
+        connect_timeout: float,
+        probe_interval: float,
     ) -> None:
         self.address = address
         self._factory = factory
+        self._ping = ping
+        self._connect_timeout = connect_timeout
         self._slots = threading.BoundedSemaphore(size)
         self._idle: list[S] = []
         self._lock = threading.Lock()
-        self._wait = wait_timeout
-        self._backoff = backoff or ExponentialBackoff()
-        self._clock = clock
-        self._failures = 0
-        self._down_until = 0.0
-        self._last_error = ""
         self._closed = False
+        self.health = MemberState(address, self._probe, ExponentialBackoff(0.05, probe_interval))
 
-    def _hung(self, exc: MemKVTimeout) -> None:
-        """A request timed out: the server is hung or overloaded. Fail fast for one
-        request timeout (`wait_timeout`) instead of making every caller wait it out,
-        and drop the idle sessions, which lead to the same server."""
-        with self._lock:
-            self._down_until = max(self._down_until, self._clock() + self._wait)
-            self._last_error = str(exc)
-        self.drop_idle()
-
-    def _connect(self) -> S:
-        with self._lock:
-            now = self._clock()
-            if now < self._down_until:
-                raise TransportError(
-                    f"{self.address}: server unreachable ({self._last_error}); "
-                    f"next attempt in {self._down_until - now:.2f}s"
-                )
+    def _connect(self, deadline: float) -> S:
+        timeout = min(self._connect_timeout, deadline - time.monotonic())
+        if timeout <= 0:
+            raise MemKVTimeout(f"{self.address}: deadline passed before connecting")
         try:
-            session = self._factory()
+            session = self._factory(timeout)
         except TransportError as exc:
-            with self._lock:
-                self._failures += 1
-                self._down_until = self._clock() + self._backoff.compute(self._failures)
-                self._last_error = str(exc)
+            self.health.failed(str(exc), missed_deadline=isinstance(exc, MemKVTimeout))
             raise
-        with self._lock:
-            self._failures = 0
-            self._down_until = 0.0
+        session.deadline = deadline
         return session
 
-    def run(self, fn: Callable[[S], T]) -> T:
-        """Call `fn` with a session; retry once on a fresh session if a reused one was stale."""
-        if not self._slots.acquire(timeout=self._wait):
-            raise MemKVTimeout(f"{self.address}: no free connection within {self._wait:g}s")
+    def run(self, fn: Callable[[S], T], deadline: float) -> T:
+        """Call `fn` with a session by `deadline`; retry once on a fresh session if a
+        reused one was stale. Raises `MemberDownError` at once while the member is down."""
+        self.health.check()
+        left = deadline - time.monotonic()
+        if left <= 0 or not self._slots.acquire(timeout=left):
+            raise MemKVTimeout(f"{self.address}: no free connection before the deadline")
         try:
-            session, reused = self._take()
+            session, reused = self._take(deadline)
             try:
-                result = fn(session)
+                return self._call(fn, session)
             except TransportError as exc:
-                self._discard(session)
-                if isinstance(exc, MemKVTimeout):
-                    self._hung(exc)
-                    raise
-                if not reused:
-                    raise  # a stale pooled connection fails fast
+                if isinstance(exc, MemKVTimeout) or not reused:
+                    raise  # a timeout or a fresh session's failure is not retried
                 self.drop_idle()  # its siblings are likely stale too (server restarted)
-                session = self._connect()
-                try:
-                    result = fn(session)
-                except BaseException:
-                    self._discard(session)
-                    raise
-            except BaseException:
-                self._discard(session)
-                raise
-            self._give_back(session)
-            return result
+                return self._call(fn, self._connect(deadline))
         finally:
             self._slots.release()
 
-    def _take(self) -> tuple[S, bool]:
+    def _call(self, fn: Callable[[S], T], session: S) -> T:
+        """`fn(session)`; the session goes back to the pool on success, is closed on error."""
+        try:
+            result = fn(session)
+        except MemKVTimeout as exc:
+            self._discard(session)
+            self.health.failed(str(exc), missed_deadline=True)
+            self.drop_idle()  # they lead to the same hung member
+            raise
+        except BaseException:
+            self._discard(session)
+            raise
+        self._give_back(session)
+        return result
+
+    def _probe(self) -> None:
+        """One background probe: a fresh session and a ping, both within `connect_timeout`."""
+        session = self._factory(self._connect_timeout)
+        session.deadline = time.monotonic() + self._connect_timeout
+        try:
+            self._ping(session)
+        except BaseException:
+            self._discard(session)
+            raise
+        self._give_back(session)
+
+    def _take(self, deadline: float) -> tuple[S, bool]:
         with self._lock:
             if self._closed:
                 raise TransportError(f"{self.address}: client is closed")
-            if self._idle:
-                return self._idle.pop(), True
-        return self._connect(), False
+            session = self._idle.pop() if self._idle else None
+        if session is None:
+            return self._connect(deadline), False
+        session.deadline = deadline
+        return session, True
 
     def _give_back(self, session: S) -> None:
         if session.broken:
@@ -159,4 +151,5 @@ class ServerPool(Generic[S]):
     def close(self) -> None:
         with self._lock:
             self._closed = True
+        self.health.close()
         self.drop_idle()

@@ -173,6 +173,14 @@ class RdmaSession:
     def broken(self, value: bool) -> None:
         self.tcp.broken = value
 
+    @property
+    def deadline(self) -> float | None:
+        return self.tcp.deadline
+
+    @deadline.setter
+    def deadline(self, value: float | None) -> None:
+        self.tcp.deadline = value
+
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
         return self.tcp.exists(keys)
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import enum
 
+from .errors import MemberDownError, MemKVError, MemKVTimeout, ServerError
 from .protocol import Status, status_name
 
-__all__ = ["ItemResult", "ResultKind", "result_from_status"]
+__all__ = ["ItemResult", "ResultKind", "failure_result", "result_from_status"]
 
 
 class ResultKind(enum.StrEnum):
@@ -23,16 +24,32 @@ class ItemResult(int):
 
     The vendor's documented contract is a per-item hit flag: `result == True` holds
     exactly for a stored/read item (`bool` cannot be subclassed, so this is an
-    `int` equal to `True` or `False`). `kind` and `cause` keep the detail.
+    `int` equal to `True` or `False`). `kind` and `cause` keep the detail; for a
+    `TRANSPORT` result, `member` names the server and `timed_out` / `member_down`
+    tell a member that missed this call's deadline, or was skipped because it is
+    marked down, from other connection failures (none of them means "absent").
     """
 
     kind: ResultKind
     cause: str
+    member: str
+    timed_out: bool
+    member_down: bool
 
-    def __new__(cls, kind: ResultKind, cause: str = "") -> ItemResult:
+    def __new__(
+        cls,
+        kind: ResultKind,
+        cause: str = "",
+        member: str = "",
+        timed_out: bool = False,
+        member_down: bool = False,
+    ) -> ItemResult:
         self = super().__new__(cls, kind is ResultKind.OK)
         self.kind = kind
         self.cause = cause
+        self.member = member
+        self.timed_out = timed_out
+        self.member_down = member_down
         return self
 
     @property
@@ -40,10 +57,20 @@ class ItemResult(int):
         return self.kind is ResultKind.OK
 
     def __repr__(self) -> str:
-        return f"ItemResult(kind={self.kind.value!r}, cause={self.cause!r})"
+        extra = "".join(
+            f", {name}={value!r}"
+            for name, value in (
+                ("member", self.member),
+                ("timed_out", self.timed_out),
+                ("member_down", self.member_down),
+            )
+            if value
+        )
+        return f"ItemResult(kind={self.kind.value!r}, cause={self.cause!r}{extra})"
 
-    def __reduce__(self) -> tuple[type[ItemResult], tuple[ResultKind, str]]:
-        return ItemResult, (self.kind, self.cause)
+    def __reduce__(self) -> tuple[type[ItemResult], tuple[ResultKind, str, str, bool, bool]]:
+        args = (self.kind, self.cause, self.member, self.timed_out, self.member_down)
+        return ItemResult, args
 
 
 OK = ItemResult(ResultKind.OK)
@@ -62,6 +89,15 @@ def result_from_status(code: int, stored_len: int = 0) -> ItemResult:
     return ItemResult(
         ResultKind.SERVER, f"{status_name(code)}: {hint}" if hint else status_name(code)
     )
+
+
+def failure_result(exc: MemKVError | OSError, member: str) -> ItemResult:
+    """The result of every item of a request to `member` that failed with `exc`."""
+    if isinstance(exc, ServerError):
+        return ItemResult(ResultKind.SERVER, str(exc), member)
+    timed_out = isinstance(exc, MemKVTimeout)
+    down = isinstance(exc, MemberDownError)
+    return ItemResult(ResultKind.TRANSPORT, str(exc), member, timed_out, down)
 
 
 _HINTS: dict[int, str] = {
