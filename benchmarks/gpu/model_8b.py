@@ -50,6 +50,10 @@ CONFIG = {
 }
 
 
+SERVING = {"max_model_len": 65536, "kv_cache_memory_bytes": 12 << 30, "max_num_seqs": 64}
+"""Engine settings of the multi-turn and start-up benchmarks (HBM KV capped at 12 GiB): equal
+settings let their engines share one torch.compile cache."""
+
 SMOKE = os.environ.get("GPU_BENCH_SMOKE") == "1"
 EAGER = os.environ.get("GPU_BENCH_EAGER") == "1"
 TP = int(os.environ.get("GPU_BENCH_TP", "1"))

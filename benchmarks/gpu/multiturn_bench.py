@@ -46,7 +46,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     hbm = IDEAL_HBM_KV_BYTES if mode == "ideal" else HBM_KV_BYTES
-    args = model_8b.engine_args(max_model_len=32768, kv_cache_memory_bytes=hbm, max_num_seqs=64)
+    args = model_8b.engine_args(**{**model_8b.SERVING, "kv_cache_memory_bytes": hbm})
     if mode == "ours-l2":
         transfer = model_8b.kv_transfer("ours", L2_VARIANT_L1_BYTES, L2_DIR, L2_VARIANT_L2_BYTES)
     elif mode == "ours-l1":

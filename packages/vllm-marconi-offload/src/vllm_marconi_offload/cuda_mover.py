@@ -35,6 +35,7 @@ from .config import ConfigError
 from .triton_copy import GroupCopyPlan
 
 STAGING_ENV = "VLLM_MARCONI_OFFLOAD_STAGING_MIB"
+PROGRAMS_ENV = "VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM"
 CHUNK_BYTES = 128 << 20
 # Loads reuse a buffer once its GPU-local scatter is done, so a few keep the link busy;
 # stores reuse one only once it has crossed the link, so they get the rest.
@@ -55,6 +56,24 @@ def slot_runs(slots: Sequence[int]) -> Iterator[tuple[int, int, int]]:
         if i == len(slots) or slots[i] != slots[i - 1] + 1:
             yield start, slots[start], i - start
             start = i
+
+
+def host_programs_per_sm_from_env() -> int:
+    """Programs per SM of the kernels that cross PCIe
+    (`VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM`, default `HOST_PROGRAMS_PER_SM`)."""
+    value = os.environ.get(PROGRAMS_ENV, "").strip()
+    if not value:
+        return HOST_PROGRAMS_PER_SM
+    try:
+        programs = int(value)
+    except ValueError:
+        programs = 0
+    if programs < 1:
+        raise ConfigError(
+            f"{PROGRAMS_ENV}={value!r}: expected a positive whole number "
+            f"(default {HOST_PROGRAMS_PER_SM})"
+        )
+    return programs
 
 
 def staging_bytes_from_env() -> int:
@@ -148,7 +167,7 @@ class CudaBlockMover:
             if all(plans):
                 self._layer_plans[group_id] = [plan for plan in plans if plan is not None]
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        self._host_programs = HOST_PROGRAMS_PER_SM * sms
+        self._host_programs = host_programs_per_sm_from_env() * sms
         share = staging_bytes // max(1, len(layers))  # the groups split the staging budget
         for group_id, group in layers.items():
             width = sum(layer.nbytes for layer in group)

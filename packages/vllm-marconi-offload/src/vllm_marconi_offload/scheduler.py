@@ -414,10 +414,10 @@ class OffloadScheduler:
         tickets: list[StoreTicket] = []
         transfers: list[BlockTransfer] = []
         for group in self._chain_groups:
-            keys = chain_keys(hashes, group)
+            keys = chain_keys(hashes[max(start - 1, 0) :], group)  # new blocks and a parent
             ticket = self._store.begin_store(
-                keys[start:full],
-                [keys[i - 1] if i > 0 else None for i in range(start, full)],
+                keys[1:] if start else keys,
+                keys[:-1] if start else [None, *keys[:-1]],
                 list(range(start, full)),
                 retention=retention,
             )

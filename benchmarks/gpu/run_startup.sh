@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# On the GPU host, after install.sh: engine start-up with a CPU tier of STARTUP_GIB GiB
+# (default 32), three times per mode, alternating native and ours, after one throw-away
+# start that fills the torch.compile cache; the first start of each mode also measures TTFT
+# of a STARTUP_LENGTH-token prompt (default 32768) from HBM and from the CPU tier.
+# Usage: bash run_startup.sh   (from this folder; $OUT/startup.tgz holds the JSON files)
+cd "$(dirname "$0")"
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+out=${OUT:-/tmp}
+gib=${STARTUP_GIB:-32}
+length=${STARTUP_LENGTH:-32768}
+bench() {  # TAG LIMIT_S MODE GIB [LENGTH]
+  echo "=== startup $3 $4 GiB ($1) $(date -u +%T)"
+  STARTUP_TAG=$1 timeout "$2" python3 startup_bench.py "${@:3}" 2>&1 | tee -a "$out/startup.log" \
+    | grep -E "^startup |RESULT|Error|Traceback" | cut -c1-900
+}
+bench warm 300 native 4
+for i in 1 2 3; do
+  for mode in native ours; do
+    if [ "$i" = 1 ]; then bench "$i" 200 "$mode" "$gib" "$length"; else bench "$i" 120 "$mode" "$gib"; fi
+  done
+done
+(cd "$out" && tar czf startup.tgz startup-*.json && rm -f startup-*.json && gzip -f startup.log)

@@ -1,0 +1,100 @@
+"""Engine start-up with a CPU tier of GIB GiB and, given LENGTH, TTFT of one prompt of that
+many tokens served from HBM and from the CPU tier (issue 34), per mode.
+
+MODE: `ours` (L1 of GIB GiB, no L2, the connector's defaults) | `native` (vLLM's
+OffloadingConnector, `cpu_bytes_to_use` GIB GiB). Engine settings: `model_8b.SERVING` (the
+multi-turn benchmark's), production mode. Start-up is the time `LLM(...)` takes.
+With LENGTH, after a 512-token warm-up: the prompt computed cold; after 2 s (its stores
+settle) HBM_REPEATS requests of the same prompt, every block of it in vLLM's own cache;
+then CPU_REPEATS requests each after an HBM reset (served from the CPU tier).
+One request at a time, max_tokens=1. Usage: python startup_bench.py MODE GIB [LENGTH]
+(writes $OUT/startup-MODE-GIB-TAG.json, TAG from $STARTUP_TAG, default 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from typing import Any
+
+import model_8b
+import repo_path
+from ttft_bench import prompt
+
+SCALE = 1 << 20 if model_8b.SMOKE else 1 << 30  # GIB means MiB for the smoke model
+HBM_REPEATS = 7
+CPU_REPEATS = 5
+
+
+def summary(times: list[float]) -> dict[str, Any]:
+    return {"median": statistics.median(times), "min": min(times), "max": max(times), "all": times}
+
+
+def measure(llm: Any, length: int) -> dict[str, Any]:
+    import torch
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+
+    def ttft(ids: list[int]) -> tuple[float, int]:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+        return round((time.perf_counter() - start) * 1e3, 1), int(out.num_cached_tokens or 0)
+
+    ttft(prompt(random.Random(1), 512))
+    ids = prompt(random.Random(length), length)
+    result: dict[str, Any] = {}
+    result["cold_ms"], _ = ttft(ids)
+    time.sleep(2.0)
+    hbm, cpu = [], []
+    for _ in range(HBM_REPEATS):
+        ms, result["hbm_cached"] = ttft(ids)
+        hbm.append(ms)
+        time.sleep(0.2)
+    for _ in range(CPU_REPEATS):
+        time.sleep(0.5)  # lets in-flight stores commit
+        llm.reset_prefix_cache()
+        time.sleep(0.2)
+        ms, result["cpu_cached"] = ttft(ids)
+        cpu.append(ms)
+    result["hbm_hit_ms"] = summary(hbm)
+    result["cpu_hit_ms"] = summary(cpu)
+    return result
+
+
+def main() -> None:
+    mode, gib = sys.argv[1], int(sys.argv[2])
+    length = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    repo_path.add_sources()
+    model_8b.prepare_environment()
+    model_8b.fresh_pools()
+    from vllm import LLM
+
+    args = model_8b.engine_args(**model_8b.SERVING)
+    args["kv_transfer_config"] = model_8b.kv_transfer(mode, gib * SCALE)
+    start = time.time()
+    llm = LLM(**args)
+    result: dict[str, Any] = {
+        "mode": mode,
+        "cpu_gib": gib,
+        "startup_s": round(time.time() - start, 1),
+    }
+    print("startup", json.dumps(result), flush=True)
+    if length:
+        result[str(length)] = measure(llm, length)
+    print("RESULT " + json.dumps(result), flush=True)
+    out = os.environ.get("OUT")
+    if out:
+        name = f"startup-{mode}-{gib}-{os.environ.get('STARTUP_TAG', '0')}.json"
+        with open(os.path.join(out, name), "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
