@@ -3,6 +3,8 @@
 # (default 32), three times per mode, alternating native and ours, after one throw-away
 # start that fills the torch.compile cache; the first start of each mode also measures TTFT
 # of a STARTUP_LENGTH-token prompt (default 32768) from HBM and from the CPU tier.
+# PROGRAMS_TRY=N: ours' second start also measures TTFT with
+# VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM=N.
 # Usage: bash run_startup.sh   (from this folder; $OUT/startup.tgz holds the JSON files)
 cd "$(dirname "$0")"
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -17,7 +19,13 @@ bench() {  # TAG LIMIT_S MODE GIB [LENGTH]
 bench warm 300 native 4
 for i in 1 2 3; do
   for mode in native ours; do
-    if [ "$i" = 1 ]; then bench "$i" 200 "$mode" "$gib" "$length"; else bench "$i" 120 "$mode" "$gib"; fi
+    if [ "$i" = 1 ]; then
+      bench "$i" 200 "$mode" "$gib" "$length"
+    elif [ "$i$mode" = 2ours ] && [ -n "${PROGRAMS_TRY:-}" ]; then
+      VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM=$PROGRAMS_TRY bench "$i-p$PROGRAMS_TRY" 200 ours "$gib" "$length"
+    else
+      bench "$i" 120 "$mode" "$gib"
+    fi
   done
 done
 (cd "$out" && tar czf startup.tgz startup-*.json && rm -f startup-*.json && gzip -f startup.log)
