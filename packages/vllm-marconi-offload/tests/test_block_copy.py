@@ -10,9 +10,10 @@ pytestmark = pytest.mark.vllm  # the worker's data path: needs torch, run with v
 torch = pytest.importorskip("torch")
 
 from vllm_marconi_offload.block_copy import (  # noqa: E402
-    BlockCopier,
     block_bytes_view,
+    layer_views,
     physical_layout,
+    slot_copier,
 )
 from vllm_marconi_offload.cuda_mover import slot_runs  # noqa: E402
 from vllm_marconi_offload.layout import LayoutError, SlotLayout  # noqa: E402
@@ -48,11 +49,11 @@ def test_cpu_backend_layout_round_trips() -> None:
     layout = make_layout(dict.fromkeys(layers, page), [list(layers)])
     originals = {name: t.clone() for name, t in layers.items()}
     pool = torch.zeros(8, layout.stride, dtype=torch.uint8)
-    copier = BlockCopier(layout, layers)
-    copier.to_slots(0, [3, 7, 11], [5, 0, 2], pool)
+    copier = slot_copier(layer_views(layout, layers), pool)
+    copier.gather([(5, 0, 3), (0, 0, 7), (2, 0, 11)])
     for tensor in layers.values():
         tensor.zero_()
-    copier.from_slots(0, [5, 0, 2], [1, 2, 3], pool)
+    copier.scatter([(5, 0, 1), (0, 0, 2), (2, 0, 3)])
     for name, tensor in layers.items():
         got, want = tensor.view(torch.uint8), originals[name].view(torch.uint8)
         assert torch.equal(got[1], want[3])
@@ -71,8 +72,8 @@ def test_shared_buffer_with_interleaved_layers() -> None:
     assert torch.equal(view[5], buffer[5, 1])
     layout = make_layout(dict.fromkeys(layers, page), [["l0"], ["l1"]])
     pool = torch.zeros(4, layout.stride, dtype=torch.uint8)
-    copier = BlockCopier(layout, layers)
-    copier.to_slots(1, [9], [3], pool)
+    copier = slot_copier(layer_views(layout, layers), pool)
+    copier.gather([(3, 1, 9)])
     assert torch.equal(pool[3], buffer[9, 1])
     assert layout.stride == page  # one layer per group: the widest group decides
 
@@ -103,7 +104,7 @@ def test_non_block_major_layout_is_refused() -> None:
 def test_missing_layer_is_an_error() -> None:
     layout = make_layout({"l0": 64}, [["l0"]])
     with pytest.raises(LayoutError, match="no KV cache tensor for layer l0"):
-        BlockCopier(layout, {})
+        layer_views(layout, {})
 
 
 def test_permuted_dense_block_layout_is_accepted() -> None:

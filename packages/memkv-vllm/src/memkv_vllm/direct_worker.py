@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm_kv_identity import key_group, weights_fingerprint
+from vllm_kv_identity.block_copy import BlockCopier, mark
 
 from . import _compat as c
-from .block_copy import BlockCopier, mark
 from .jobs import JobOutcome, JobRunner
 from .load_errors import current as current_load_errors
 from .naming import direct_key, prefix_record, publish_key, split_prefix_record
@@ -207,7 +207,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
     def _store_part(self, part: list[_Planned], after: torch.cuda.Event | None) -> _PartDone:
         copier, raw = self._copier()
         started = time.perf_counter()
-        copier.gather([(group, block) for _, group, block in part], after)
+        copier.gather([(row, group, block) for row, (_, group, block) in enumerate(part)], after)
         copied = time.perf_counter()
         items = [(name, raw[slot], self._value_bytes[group])
                  for slot, (name, group, _) in enumerate(part)]  # fmt: skip

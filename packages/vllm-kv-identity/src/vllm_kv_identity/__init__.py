@@ -9,7 +9,8 @@
   on a model with Mamba layers.
 
 Standard library and `packaging` only: nothing here imports vLLM; callers pass in what
-they read from it.
+they read from it. The plugins' data paths also share `vllm_kv_identity.block_copy` (the
+row format of a stored block and its copier), which imports torch and is not imported here.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""Batched block copies between vLLM's KV cache tensors and L1 slots (worker side).
+"""vLLM's KV cache tensors as bytes per block, for copies between them and L1 slots
+(worker side).
 
 Each layer's tensor is viewed as `[num_blocks, block_bytes]` bytes, so a batch of blocks
 moves with one gather and one scatter per layer, whatever the attention backend's element
-layout. Never one copy per block per layer.
+layout: by `CudaBlockMover` on CUDA, else by the block copier both plugins share
+(`vllm_kv_identity.block_copy`), never one copy per block per layer.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+from vllm_kv_identity.block_copy import BlockCopier
 
-from .layout import GroupLayout, LayoutError, SlotLayout
+from .layout import LayoutError, SlotLayout
 
 
 @dataclass(frozen=True)
@@ -70,75 +73,36 @@ def _dense(block: torch.Tensor) -> bool:
     return True
 
 
-class BlockCopier:
-    """Copies blocks of every layer of a KV-cache group into or out of slot rows."""
-
-    def __init__(self, layout: SlotLayout, kv_caches: Mapping[str, torch.Tensor]) -> None:
-        self._layers: dict[int, list[LayerBytes]] = {}
-        for group in layout.groups:
-            self._layers[group.group_id] = self._group_views(group, layout, kv_caches)
-
-    @staticmethod
-    def _group_views(
-        group: GroupLayout, layout: SlotLayout, kv_caches: Mapping[str, torch.Tensor]
-    ) -> list[LayerBytes]:
-        views = []
+def layer_views(
+    layout: SlotLayout, kv_caches: Mapping[str, torch.Tensor]
+) -> dict[int, list[LayerBytes]]:
+    """Each KV-cache group's layers as bytes per block, by group id, in slot order."""
+    views: dict[int, list[LayerBytes]] = {}
+    for group in layout.groups:
+        views[group.group_id] = []
         for layer in group.layers:
             tensor = kv_caches.get(layer.name)
             if tensor is None:
                 raise LayoutError(f"vLLM registered no KV cache tensor for layer {layer.name}")
             view = block_bytes_view(tensor, layout.num_gpu_blocks, layer.nbytes)
-            views.append(LayerBytes(view=view, offset=layer.offset, nbytes=layer.nbytes))
-        return views
-
-    @property
-    def layers(self) -> dict[int, list[LayerBytes]]:
-        """Each group's layer views, by group id."""
-        return self._layers
-
-    def to_slots(
-        self, group_id: int, blocks: Sequence[int], slots: Sequence[int], pool: torch.Tensor
-    ) -> None:
-        """Copy GPU `blocks` of one group into rows `slots` of `pool` (uint8 [n, stride]).
-
-        The group's layers are gathered into one staging tensor next to the KV cache (one
-        gather per layer), which then moves to the pool rows in one transfer.
-        """
-        if not blocks:
-            return
-        layers = self._layers[group_id]
-        device = layers[0].view.device
-        src_idx = torch.as_tensor(blocks, dtype=torch.long, device=device)
-        width = sum(layer.nbytes for layer in layers)
-        staging = torch.empty((len(blocks), width), dtype=torch.uint8, device=device)
-        for layer in layers:
-            staging[:, layer.offset : layer.offset + layer.nbytes] = layer.view.index_select(
-                0, src_idx
+            views[group.group_id].append(
+                LayerBytes(view=view, offset=layer.offset, nbytes=layer.nbytes)
             )
-        if staging.device != pool.device:
-            staging = staging.to(pool.device)
-        dst_idx = torch.as_tensor(slots, dtype=torch.long, device=pool.device)
-        pool[:, :width].index_copy_(0, dst_idx, staging)
+    return views
 
-    def from_slots(
-        self, group_id: int, slots: Sequence[int], blocks: Sequence[int], pool: torch.Tensor
-    ) -> None:
-        """Copy rows `slots` of `pool` into GPU `blocks` of one group (one transfer, then
-        one scatter per layer)."""
-        if not blocks:
-            return
-        layers = self._layers[group_id]
-        device = layers[0].view.device
-        width = sum(layer.nbytes for layer in layers)
-        src_idx = torch.as_tensor(slots, dtype=torch.long, device=pool.device)
-        staging = pool[:, :width].index_select(0, src_idx)
-        if staging.device != device:
-            staging = staging.to(device)
-        dst_idx = torch.as_tensor(blocks, dtype=torch.long, device=device)
-        for layer in layers:
-            layer.view.index_copy_(
-                0, dst_idx, staging[:, layer.offset : layer.offset + layer.nbytes]
-            )
+
+def slot_copier(layers: Mapping[int, Sequence[LayerBytes]], pool: torch.Tensor) -> BlockCopier:
+    """The shared block copier between these layer views and the rows (slots) of `pool`
+    (uint8 `[slots, stride]`): its `(row, group, block)` entries are `(slot, group id, GPU
+    block)`. Each group's layers lie end to end in a slot, in order (`SlotLayout`)."""
+    tensors: list[torch.Tensor] = []
+    groups: list[list[tuple[int, int]]] = []
+    for group_id in range(len(layers)):
+        groups.append(
+            [(len(tensors) + i, layer.nbytes) for i, layer in enumerate(layers[group_id])]
+        )
+        tensors += [layer.view for layer in layers[group_id]]
+    return BlockCopier(tensors, groups, pool)
 
 
 def physical_layout(layout: SlotLayout, kv_caches: Mapping[str, torch.Tensor]) -> str:

@@ -29,8 +29,9 @@ from typing import TypeVar
 
 import torch
 from kvpool_mmap import StoreConfig, open_l1_rank
+from vllm_kv_identity.block_copy import BlockCopier
 
-from .block_copy import BlockCopier, physical_layout
+from .block_copy import layer_views, physical_layout, slot_copier
 from .config import ConfigError
 from .cuda_mover import CudaBlockMover, staging_bytes_from_env
 from .layer_waits import LayerWaits
@@ -90,7 +91,7 @@ class OffloadWorker:
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         """Map the KV cache tensors and create this rank's L1 file."""
         mode = copy_mode_from_env()
-        self._copier = BlockCopier(self._layout, kv_caches)
+        layers = layer_views(self._layout, kv_caches)
         physical = physical_layout(self._layout, kv_caches)
         reclaim_anonymous_l1(self._store_config)
         l1 = open_l1_rank(  # locks the pool before anything is written
@@ -105,9 +106,10 @@ class OffloadWorker:
         registered = bool(first.is_cuda and l1.register_cuda())
         self._l1 = l1
         self._pool = l1.torch_view()
+        self._copier = slot_copier(layers, self._pool)
         if registered and mode != "generic":
             self._mover = CudaBlockMover(
-                self._copier.layers,
+                layers,
                 first.device,
                 staging_bytes_from_env(),
                 kernel=mode != "async-per-layer",
@@ -264,16 +266,13 @@ class OffloadWorker:
 
     def _run(self, job: TransferJob, *, load: bool) -> None:
         assert self._copier is not None, "register_kv_caches first"
-        assert self._pool is not None, "register_kv_caches first"
         for transfer in job.transfers:
+            pairs = zip(transfer.slots, transfer.gpu_blocks, strict=True)
+            entries = [(slot, transfer.group_id, block) for slot, block in pairs]
             if load:
-                self._copier.from_slots(
-                    transfer.group_id, transfer.slots, transfer.gpu_blocks, self._pool
-                )
+                self._copier.scatter(entries)
             else:
-                self._copier.to_slots(
-                    transfer.group_id, transfer.gpu_blocks, transfer.slots, self._pool
-                )
+                self._copier.gather(entries)
 
     def take_finished_loads(self) -> set[str] | None:
         self._loads_in_flight = _collect(self._loads_in_flight, self._finished_loads.add)

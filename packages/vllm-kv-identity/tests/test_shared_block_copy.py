@@ -1,5 +1,5 @@
-"""Direct mode's block copier on CPU tensors: every byte of every block, in both directions,
-across buffer passes, hybrid groups and rows left out of a load."""
+"""The plugins' block copier on CPU tensors: every byte of every block, in both directions,
+across buffer passes, hybrid groups, rows left out of a load and scattered rows."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from memkv_vllm.block_copy import BlockCopier  # noqa: E402
+from vllm_kv_identity.block_copy import BlockCopier  # noqa: E402
 
-pytestmark = pytest.mark.vllm  # torch: runs in the integration sessions
+# torch: skipped in this package's own session, run in the integration sessions
 
 PAGE = [96, 96, 160]  # tensors 0 and 1 form group 0, tensor 2 group 1
 GROUPS = [[(0, 96), (1, 96)], [(2, 160)]]
@@ -31,7 +31,7 @@ def test_gather_then_scatter_moves_every_byte(buffer_rows: int) -> None:
     host = torch.zeros((7, ROW), dtype=torch.int8)
     blocks = [(0, 5), (1, 33), (0, 0), (1, 2), (0, 39), (0, 17), (1, 17)]
     copier = BlockCopier(source, GROUPS, host, buffer_bytes=buffer_rows * ROW)
-    copier.gather(blocks)
+    copier.gather([(row, group, block) for row, (group, block) in enumerate(blocks)])
     for row, (group, block) in enumerate(blocks):
         want = _expected_row(source, group, block)
         assert torch.equal(host[row, : want.numel()], want), (row, group, block)
@@ -47,3 +47,25 @@ def test_gather_then_scatter_moves_every_byte(buffer_rows: int) -> None:
         for block in range(40):
             if (group, block) not in written:
                 assert torch.equal(tensor[block], untouched[tidx][block]), (tidx, block)
+
+
+@pytest.mark.parametrize("buffer_rows", [1, 2, 64])
+def test_scattered_rows_leave_the_rows_between_untouched(buffer_rows: int) -> None:
+    source, target = _cache(3), _cache(4)
+    host = torch.randint(-128, 128, (12, ROW + 8), dtype=torch.int8)  # rows wider than a block
+    before = host.clone()
+    entries = [(9, 0, 4), (2, 1, 11), (5, 0, 30), (6, 1, 0)]
+    copier = BlockCopier(source, GROUPS, host, buffer_bytes=buffer_rows * ROW)
+    copier.gather(entries)
+    for row, group, block in entries:
+        want = _expected_row(source, group, block)
+        assert torch.equal(host[row, : want.numel()], want), (row, group, block)
+    named = {row for row, _, _ in entries}
+    for row in range(12):
+        if row not in named:
+            assert torch.equal(host[row], before[row]), row
+        assert torch.equal(host[row, ROW:], before[row, ROW:]), row  # past the widest block
+
+    BlockCopier(target, GROUPS, host, buffer_bytes=buffer_rows * ROW).scatter(entries)
+    for _, group, block in entries:
+        assert torch.equal(_expected_row(target, group, block), _expected_row(source, group, block))
