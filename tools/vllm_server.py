@@ -28,6 +28,8 @@ class VllmServer:
     max_model_len: int = 4096
     port: int = field(default_factory=free_port)
     env: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+    """More `vllm serve` flags (e.g. `--kv-events-config`)."""
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -46,6 +48,7 @@ class VllmServer:
         ]  # fmt: skip
         if self.kv_transfer_config:
             cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
+        cmd += self.extra_args
         env = {**os.environ, **self.env}
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

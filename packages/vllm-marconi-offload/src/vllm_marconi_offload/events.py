@@ -13,19 +13,16 @@ scheduler records nothing.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpool_mmap import Tier
 from vllm_kv_identity import GROUP_ID_BYTES
 
-from .log import logger
+if TYPE_CHECKING:
+    from .journal import DescriptionJournal
 
 TIERS = (Tier.L1, Tier.L2)
 
@@ -74,6 +71,14 @@ class TierEvents:
         self._info: dict[bytes, BlockInfo] = {}
         self._held: dict[Tier, set[bytes]] = {tier: set() for tier in TIERS}
         self._changes: list[Change] = []
+        self._journal: DescriptionJournal | None = None
+
+    def keep_descriptions(self, journal: DescriptionJournal) -> None:
+        """Describe the blocks L2 recovered from `journal` and write each block L2 takes
+        from now on to it, so a restart announces L2 self-describing."""
+        self._info.update(journal.load(self._held[Tier.L2]))
+        self._journal = journal
+        self._compact()
 
     def record(self, request: Any, key: bytes, index: int) -> None:
         """Remember what `key`, block `index` of `request`, is (while the request is
@@ -116,7 +121,27 @@ class TierEvents:
     def take(self) -> list[Change]:
         """The changes queued since the last call, oldest first."""
         changes, self._changes = self._changes, []
+        if self._journal is not None:
+            self._journal.append(
+                (c.key, c.info)
+                for c in changes
+                if c.tier is Tier.L2 and c.loadable and c.info is not None
+            )
+            if self._journal.lines > 2 * len(self._held[Tier.L2]) + 4096:
+                self._compact()
         return changes
+
+    def close(self) -> None:
+        """The store closed: journal its last L2 writes (no event is published now)."""
+        if self._journal is not None:
+            self.take()
+            self._journal.close()
+
+    def _compact(self) -> None:
+        """Rewrite the journal with the blocks L2 holds now."""
+        assert self._journal is not None
+        held = self._held[Tier.L2]
+        self._journal.rewrite((k, self._info[k]) for k in held if k in self._info)
 
     def held(self, tier: Tier) -> set[bytes]:
         """Keys `tier` holds as far as the changes so far tell (for checks)."""
@@ -124,72 +149,3 @@ class TierEvents:
 
     def _is_held(self, key: bytes) -> bool:
         return any(key in self._held[tier] for tier in TIERS)
-
-    # -- descriptions of L2 blocks across restarts -----------------------------------
-
-    def save(self, path: Path) -> int:
-        """Write the descriptions of the blocks L2 holds (at shutdown, after the last
-        L2 write), so the next start announces them self-describing; the count written.
-        Blocks with extra keys JSON cannot carry (prompt-embedding digests) are left out:
-        they are announced by hash only."""
-        lines = []
-        for key in self._held[Tier.L2]:
-            info = self._info.get(key)
-            if info is not None:
-                with contextlib.suppress(TypeError, ValueError):
-                    lines.append(json.dumps(_encode(key, info)))
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text("\n".join(lines))
-        tmp.replace(path)
-        return len(lines)
-
-    def load(self, path: Path, keys: Iterable[bytes]) -> int:
-        """Read the descriptions `save` wrote for those of `keys` it has; the count read.
-        A missing or damaged file only leaves blocks announced by hash."""
-        wanted = set(keys)
-        found = 0
-        try:
-            text = path.read_text()
-        except OSError:
-            return 0
-        for line in text.splitlines():
-            try:
-                key, info = _decode(json.loads(line))
-            except (ValueError, TypeError, KeyError) as exc:
-                logger.warning("KV events: skipped a damaged line of %s: %s", path, exc)
-                continue
-            if key in wanted:
-                self._info[key] = info
-                found += 1
-        return found
-
-
-def _encode(key: bytes, info: BlockInfo) -> dict[str, Any]:
-    return {
-        "key": key.hex(),
-        "parent": info.parent_hash.hex() if info.parent_hash is not None else None,
-        "tokens": info.token_ids.tolist(),
-        "extra": info.extra_keys,
-        "lora": [info.lora_id, info.lora_name],
-    }
-
-
-def _decode(record: dict[str, Any]) -> tuple[bytes, BlockInfo]:
-    parent = record["parent"]
-    extra = record["extra"]
-    lora_id, lora_name = record["lora"]
-    info = BlockInfo(
-        parent_hash=bytes.fromhex(parent) if parent is not None else None,
-        token_ids=array("i", record["tokens"]),
-        extra_keys=_tuples(extra) if extra is not None else None,
-        lora_id=lora_id,
-        lora_name=lora_name,
-    )
-    return bytes.fromhex(record["key"]), info
-
-
-def _tuples(value: Any) -> Any:
-    """JSON lists back to the tuples vLLM's extra keys are made of."""
-    if isinstance(value, list):
-        return tuple(_tuples(v) for v in value)
-    return value

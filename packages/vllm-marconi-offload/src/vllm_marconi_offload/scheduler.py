@@ -34,6 +34,7 @@ from vllm_kv_identity import aligned_external_hit_tokens, block_key, chain_keys
 from . import compat
 from .cost import LoadCostModel
 from .events import Change, TierEvents
+from .journal import DescriptionJournal
 from .layout import SlotLayout
 from .log import logger
 from .plan import BlockTransfer, StepPlan, StoreReport, TransferJob
@@ -148,28 +149,24 @@ class OffloadScheduler:
         holds what it recovered (described as saved at the last shutdown)."""
         self._events = events
         self._store.tier_listener = events.on_change
-        recovered = self._store.keys(Tier.L2)
-        events.adopt(Tier.L2, recovered)
-        saved = self._saved_descriptions()
-        if saved is not None and recovered:
-            found = events.load(saved, recovered)
-            logger.info(
-                "KV events: %d of %d L2 blocks described from %s", found, len(recovered), saved
-            )
+        events.adopt(Tier.L2, self._store.keys(Tier.L2))
+        journal = self._descriptions_journal()
+        if journal is not None:
+            events.keep_descriptions(journal)
         events.announce_all()
 
     def take_changes(self) -> list[Change]:
         """Changes of what the tiers hold since the last call (none without events)."""
         return self._events.take() if self._events is not None else []
 
-    def _saved_descriptions(self) -> Path | None:
+    def _descriptions_journal(self) -> DescriptionJournal | None:
         """Where L2's block descriptions are kept across restarts (next to its rank-0 file,
         so they go with it)."""
         config = self._store.config
         if config.l2 is None:
             return None
         l2 = Path(config.l2_file(0))
-        return l2.with_name(l2.name + ".events")
+        return DescriptionJournal(l2.with_name(l2.name + ".events"))
 
     def _record(self, request: Request, keys: Sequence[bytes], first: int) -> None:
         """Describe `keys`, blocks `first`... of `request`, for their events."""
@@ -517,9 +514,8 @@ class OffloadScheduler:
 
     def shutdown(self) -> None:
         self._store.close()
-        saved = self._saved_descriptions()
-        if self._events is not None and saved is not None:
-            self._events.save(saved)
+        if self._events is not None:
+            self._events.close()  # describes what the close wrote to L2
 
 
 def _transfer(group: int, gpu_blocks: Sequence[int], slots: Sequence[int | None]) -> BlockTransfer:
