@@ -509,18 +509,26 @@ class _Connection:
 
     def _pin_for_read(
         self, items: list[tuple[bytes, int]]
-    ) -> tuple[list[Entry], list[tuple[int, int, bytes]]]:
-        pinned: list[Entry] = []
+    ) -> tuple[list[tuple[Entry, int | None]], list[tuple[int, int, bytes]]]:
+        """Pin each value to send, with an open descriptor for a spilled one (opened now,
+        so a lost file is a miss in the reply, never a broken stream)."""
+        pinned: list[tuple[Entry, int | None]] = []
         out: list[tuple[int, int, bytes]] = []
         for key, n in items:
             e = self.store.pin(key)
+            fd = None
+            if e is not None and e.length == n and e.path is not None:
+                fd = self.store.open_spilled(e)
+                if fd is None:
+                    self.store.unpin(e)
+                    e = None
             if e is None:
                 out.append((Status.NOT_FOUND, 0, p.NO_DIGEST))
             elif e.length != n:
                 self.store.unpin(e)
                 out.append((Status.SIZE_MISMATCH, e.length, p.NO_DIGEST))
             else:
-                pinned.append(e)
+                pinned.append((e, fd))
                 out.append((Status.OK, n, e.digest))
         return pinned, out
 
@@ -528,25 +536,27 @@ class _Connection:
         items = p.decode_key_lengths(meta, self.server.max_batch_items)
         pinned, out = self._pin_for_read(items)
         try:
-            bulk = sum(e.length for e in pinned)
+            bulk = sum(e.length for e, _ in pinned)
             deadline = self._deadline(bulk)  # a slow reader holds these pins no longer
             head = self._reply(h, p.encode_get_reply(out), bulk)
             self._send(head, deadline)
-            for e in pinned:
-                if e.path is not None:
-                    self._send_file(e, deadline)
+            for e, fd in pinned:
+                if fd is not None:
+                    self._send_file(fd, e.length, deadline)
                 else:
                     send_views(self.sock, b"", self.store.views(e), deadline)
         finally:
-            for e in pinned:
+            for e, fd in pinned:
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
                 self.store.unpin(e)
 
-    def _send_file(self, e: Entry, deadline: float) -> None:
-        fd = self.store.open_spilled(e)
-        with os.fdopen(fd, "rb") as f:
-            arm(self.sock, deadline)
-            sent = self.sock.sendfile(f, 0, e.length)
-        if sent != e.length:
+    def _send_file(self, fd: int, length: int, deadline: float) -> None:
+        arm(self.sock, deadline)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            sent = self.sock.sendfile(f, 0, length)
+        if sent != length:
             raise TransportError("spill file shorter than its value")
 
     # --- RDMA control (bulk moves by one-sided verbs; see .rdma) ---------

@@ -122,42 +122,45 @@ class RdmaPeer:
                 if e.length != n:
                     out.append((Status.SIZE_MISMATCH, e.length))
                     continue
-                ok = self._write_entry(store, e, raddr, rkey)
-                out.append((Status.OK, n) if ok else (Status.TRANSFER_FAILED, n))
+                status = self._write_entry(store, e, raddr, rkey)
+                out.append((status, 0 if status is Status.NOT_FOUND else n))
             finally:
                 store.unpin(e)
         return out
 
-    def _write_entry(self, store: Store, e: Entry, raddr: int, rkey: int) -> bool:
+    def _write_entry(self, store: Store, e: Entry, raddr: int, rkey: int) -> Status:
         return self._write_range(store, e, 0, e.length, raddr, rkey)
 
     def _write_range(
         self, store: Store, e: Entry, offset: int, n: int, raddr: int, rkey: int
-    ) -> bool:
-        """RDMA WRITE bytes `[offset, +n)` of a pinned entry to `raddr`."""
+    ) -> Status:
+        """RDMA WRITE bytes `[offset, +n)` of a pinned entry to `raddr`: OK,
+        TRANSFER_FAILED, or NOT_FOUND if the entry's spill file is lost."""
         if n == 0:
-            return True
+            return Status.OK
         if e.path is None and e.small is None:
             posts, off = [], 0
             for addr, seg in self._segments(e, offset, n):
                 posts.append((True, self.r.arena_mr, addr, seg, raddr + off, rkey))
                 off += seg
-            return self._run(posts)
+            return _ok(self._run(posts))
         b = self.bounce
         if e.small is not None:
             b.view[:n] = e.small[offset : offset + n]
-            return self._run([(True, b.mr, b.addr, n, raddr, rkey)])
+            return _ok(self._run([(True, b.mr, b.addr, n, raddr, rkey)]))
         fd = store.open_spilled(e)
+        if fd is None:
+            return Status.NOT_FOUND
         try:
             off = 0
             while off < n:
                 k = os.preadv(fd, [b.view[: min(self.BOUNCE, n - off)]], offset + off)
                 if k <= 0 or not self._run([(True, b.mr, b.addr, k, raddr + off, rkey)]):
-                    return False
+                    return Status.TRANSFER_FAILED
                 off += k
         finally:
             os.close(fd)
-        return True
+        return Status.OK
 
     def _read_range(self, res: Reservation, offset: int, n: int, raddr: int, rkey: int) -> bool:
         """RDMA READ `n` bytes from `raddr` into bytes `[offset, +n)` of a reservation."""
@@ -194,10 +197,9 @@ class RdmaPeer:
                 try:
                     if offset + n > e.length:
                         out.append((Status.SIZE_MISMATCH, e.length))
-                    elif self._write_range(store, e, offset, n, raddr, rkey):
-                        out.append((Status.OK, e.length))
                     else:
-                        out.append((Status.TRANSFER_FAILED, e.length))
+                        status = self._write_range(store, e, offset, n, raddr, rkey)
+                        out.append((status, 0 if status is Status.NOT_FOUND else e.length))
                 finally:
                     store.unpin(e)
             return out
@@ -230,3 +232,7 @@ class RdmaPeer:
         self.qp.close()
         if self._bounce is not None:
             self._bounce.close()
+
+
+def _ok(done: bool) -> Status:
+    return Status.OK if done else Status.TRANSFER_FAILED

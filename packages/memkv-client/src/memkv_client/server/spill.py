@@ -8,6 +8,11 @@ The directory must be dedicated to MemKV: it is claimed with a marker file
 (`MARKER`) when empty, and a non-empty directory without the marker is refused. Only
 files named like spill files are ever removed, so nothing else in it is touched.
 
+One server per directory: the server holds an exclusive `flock` on the marker for its
+lifetime (the kernel drops it when the process dies, however it dies) and writes its
+pid there; a second server is refused, naming the holder's pid, before it touches a
+file.
+
 Removing a file is accounted at once but unlinked by a background thread, so the store
 may call `SpillDir.remove` while holding its index lock without doing I/O there.
 """
@@ -15,6 +20,7 @@ may call `SpillDir.remove` while holding its index lock without doing I/O there.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import os
 import queue
@@ -37,7 +43,7 @@ class SpillDir:
         self.directory = str(directory)
         self.capacity = capacity
         self.used = 0
-        self._claim()
+        self._lock_fd = self._claim()
         self._clean()
         self._ids = itertools.count()
         self._lock = threading.Lock()
@@ -59,22 +65,39 @@ class SpillDir:
         self._doomed.put(done)
         return done.wait(timeout)
 
-    def _claim(self) -> None:
-        """Create the directory or check that it is MemKV's; raises ValueError if not."""
+    def _claim(self) -> int:
+        """Create the directory or check that it is MemKV's, and lock it; the locked
+        marker's descriptor. Raises ValueError if the directory is not MemKV's or another
+        server holds it."""
         d = Path(self.directory)
         d.mkdir(parents=True, exist_ok=True)
         marker = d / MARKER
-        if marker.exists():
-            return
-        others = sorted(f.name for f in d.iterdir())
-        if others:
-            shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        if not marker.exists():
+            others = sorted(f.name for f in d.iterdir())
+            if others:
+                shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+                raise ValueError(
+                    f"--dir {self.directory}: not empty and not a MemKV spill directory (no "
+                    f"{MARKER}; holds {shown}); give an empty or dedicated directory"
+                )
+        fd = os.open(marker, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder_pid(fd)
+            os.close(fd)
             raise ValueError(
-                f"--dir {self.directory}: not empty and not a MemKV spill directory (no "
-                f"{MARKER}; holds {shown}); give an empty or dedicated directory"
-            )
-        marker.write_text("MemKV spill directory: files named <16 hex digits>.mkv here are "
-                          "deleted when the server starts and stops.\n")  # fmt: skip
+                f"--dir {self.directory}: in use by another memkv server (pid {holder}); "
+                "give each server a directory of its own"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"MemKV spill directory, held by pid {os.getpid()}: files named "
+                     "<16 hex digits>.mkv here are deleted when the server starts and "
+                     "stops.\n".encode())  # fmt: skip
+        return fd
 
     def _clean(self) -> None:
         """Remove leftover spill files (by exact name only)."""
@@ -100,8 +123,21 @@ class SpillDir:
             self.used += length
         return path
 
-    def open(self, path: str) -> int:
-        return os.open(path, os.O_RDONLY)
+    def open(self, path: str, length: int) -> int | None:
+        """A read descriptor of a spill file holding `length` bytes; None if the file
+        vanished or was cut short behind the server's back."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        if os.fstat(fd).st_size < length:
+            os.close(fd)
+            return None
+        return fd
+
+    def present(self, path: str) -> bool:
+        """Whether a spill file still exists."""
+        return os.path.exists(path)
 
     def remove(self, path: str, length: int) -> None:
         """Forget a file now (its bytes no longer count); it is unlinked in the background.
@@ -116,3 +152,11 @@ class SpillDir:
         self._doomed.put(None)
         self._reaper.join(30)
         self._clean()
+        os.close(self._lock_fd)  # releases the directory
+
+
+def _holder_pid(fd: int) -> str:
+    """The pid recorded in a locked marker, or "unknown" (an older server, or mid-write)."""
+    text = os.pread(fd, 4096, 0).decode(errors="replace")
+    found = re.search(r"held by pid (\d+)", text)
+    return found.group(1) if found else "unknown"

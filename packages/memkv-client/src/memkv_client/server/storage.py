@@ -32,6 +32,10 @@ only when the last pin goes, so a reader sees the whole old value or (if it look
 after the unlink) a miss: never partial or mixed data. Index operations (`exists`,
 lookups, commits) hold one lock briefly and never wait for eviction I/O: spilling to
 disk happens outside the lock.
+
+**Lost spill files.** A spilled value whose file vanished (or was cut short) behind the
+server's back is dropped from the index when a read or an `exists` finds out, and
+counted in `spill_lost`: it is a miss, never a failed read.
 """
 
 from __future__ import annotations
@@ -168,7 +172,7 @@ class Entry:
     linked: bool = True  # still reachable from the index
     freed: bool = False
     lease_until: float = 0.0  # eviction passes over it until then (monotonic seconds)
-    digest: bytes = b""  # SHA-256 of the value, sent with it on GET
+    digest: bytes = b""  # BLAKE3 of the value, sent with it on GET
 
 
 @dataclass(eq=False)
@@ -232,7 +236,9 @@ class Store:
         self._clock = clock
         self._disk: OrderedDict[bytes, Entry] = OrderedDict()
         self._spilling: dict[bytes, Entry] = {}  # victims being written out, by key
-        self.counters = {"puts": 0, "gets": 0, "deletes": 0, "disk_hits": 0, "no_space": 0}
+        self.counters = {
+            "puts": 0, "gets": 0, "deletes": 0, "disk_hits": 0, "no_space": 0, "spill_lost": 0,
+        }  # fmt: skip
 
     def lane_of(self, key: bytes) -> int:
         return zlib.crc32(namespace_of(key)) % len(self.lanes)
@@ -241,17 +247,26 @@ class Store:
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
         """Presence of each key; touches LRU order and leases what it finds (`lease_s`).
-        Never waits for eviction or I/O."""
+        Never waits for eviction; a spilled value's file is checked outside the lock."""
         out = []
+        spilled: list[tuple[int, Entry]] = []
         with self._lock:
             until = self._clock() + self.lease_s if self.lease_s > 0 else 0.0
-            for k in keys:
+            for i, k in enumerate(keys):
                 e = self._index.get(k)
                 if e is not None:
                     self._touch(e)
                     if until > e.lease_until:
                         e.lease_until = until
+                    if e.path is not None:
+                        spilled.append((i, e))
                 out.append(e is not None or k in self._spilling)
+        for i, e in spilled:
+            assert self.spill is not None
+            assert e.path is not None
+            if not self.spill.present(e.path):
+                self._lost(e)
+                out[i] = False
         return out
 
     def size(self, key: bytes) -> int | None:
@@ -524,12 +539,29 @@ class Store:
         with self._lock:
             self.arena.release_lent_pages()
 
-    def open_spilled(self, e: Entry) -> int:
-        """An fd of a pinned spilled entry; the data stays readable even if it is unlinked."""
+    def open_spilled(self, e: Entry) -> int | None:
+        """An fd of a pinned spilled entry (the data stays readable even if it is unlinked
+        later), or None if its file is lost: the entry is then dropped (a miss)."""
         assert self.spill is not None
         assert e.path is not None
+        fd = self.spill.open(e.path, e.length)
+        if fd is None:
+            self._lost(e, read=True)
+            return None
         self.counters["disk_hits"] += 1
-        return self.spill.open(e.path)
+        return fd
+
+    def _lost(self, e: Entry, read: bool = False) -> None:
+        """A spilled entry's file vanished: drop it from the index (if still there). A
+        `read` that `pin` counted as a hit becomes a miss."""
+        with self._lock:
+            if read:
+                lane = self.lanes[e.lane]
+                lane.hits -= 1
+                lane.misses += 1
+            if self._index.get(e.key) is e:
+                self._unlink(e)
+                self.counters["spill_lost"] += 1
 
     # --- reporting ----------------------------------------------------------------------
 
