@@ -13,7 +13,6 @@ scheduler records nothing.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,23 +20,12 @@ from typing import TYPE_CHECKING, Any
 from kvpool_mmap import Tier
 from vllm_kv_identity import GROUP_ID_BYTES
 
+from .block_info import BlockInfo
+
 if TYPE_CHECKING:
     from .journal import DescriptionJournal
 
 TIERS = (Tier.L1, Tier.L2)
-
-
-@dataclass(frozen=True, slots=True)
-class BlockInfo:
-    """What a block's store event carries besides its key."""
-
-    parent_hash: bytes | None
-    """vLLM's hash of the previous block in the prompt (None for the first block)."""
-    token_ids: array[int]
-    extra_keys: tuple[Any, ...] | None = None
-    """vLLM's extra keys of this block as its events publish them (cache salt, LoRA, ...)."""
-    lora_id: int | None = None
-    lora_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

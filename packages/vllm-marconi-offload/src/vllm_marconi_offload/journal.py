@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
-from .events import BlockInfo
+from .block_info import BlockInfo
 from .log import logger
 
 
