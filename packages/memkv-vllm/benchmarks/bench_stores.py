@@ -60,8 +60,7 @@ def _items(keys: list[bytes], buf: np.ndarray, size: int) -> list[tuple[bytes, A
 
 def memkv_backend(server: MemKVServer, buf: np.ndarray, size: int) -> Backend:
     import memkv_client
-    from memkv_vllm.store import open_store
-    from memkv_vllm.store_config import StoreConfig
+    from memkv_vllm.store import StoreConfig, open_store
 
     os.environ.update(server.env())
     client = memkv_client.Client()
@@ -80,9 +79,8 @@ def memkv_backend(server: MemKVServer, buf: np.ndarray, size: int) -> Backend:
 
 
 def mooncake_backend(cluster: MooncakeCluster, buf: np.ndarray, size: int) -> Backend:
-    from memkv_vllm.store import open_store
-    from memkv_vllm.store_config import StoreConfig
-    from memkv_vllm.store_mooncake import mooncake_key
+    from memkv_vllm.store import StoreConfig, open_store
+    from memkv_vllm.store.mooncake import mooncake_key
 
     os.environ.update(cluster.env())
     store = open_store(StoreConfig.resolve({}, "bench"), True, "bench")

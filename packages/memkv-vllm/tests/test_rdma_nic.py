@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from memkv_server import MemKVServer
-from memkv_vllm.store_config import StoreConfig
-from memkv_vllm.store_memkv import MemKVStore
+from memkv_vllm.store import StoreConfig
+from memkv_vllm.store.memkv import MemKVStore
 from test_topology_hosts import GPU, NIC, build
 
 

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from memkv_server import MemKVServer
 from memkv_vllm.config import ConfigError
-from memkv_vllm.store import KVStore, open_store
-from memkv_vllm.store_config import StoreConfig
+from memkv_vllm.store import KVStore, StoreConfig, open_store
 from mooncake_cluster import MooncakeCluster
 
 MiB = 1 << 20

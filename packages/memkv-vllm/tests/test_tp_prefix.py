@@ -13,8 +13,8 @@ pytest.importorskip("vllm")
 from memkv_server import MemKVServer  # noqa: E402
 from memkv_vllm.direct_manager import adopt_prefix  # noqa: E402
 from memkv_vllm.naming import direct_prefix, prefix_record, publish_key  # noqa: E402
-from memkv_vllm.store_config import StoreConfig  # noqa: E402
-from memkv_vllm.store_memkv import MemKVStore  # noqa: E402
+from memkv_vllm.store import StoreConfig  # noqa: E402
+from memkv_vllm.store.memkv import MemKVStore  # noqa: E402
 
 IDENT = {
     "model": "m",

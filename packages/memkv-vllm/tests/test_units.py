@@ -17,9 +17,9 @@ from memkv_vllm.load_errors import LoadErrors, attached, current
 from memkv_vllm.lookup import Answer, BatchedLookup
 from memkv_vllm.metrics import LOOKUPS, TierMetrics
 from memkv_vllm.naming import MAX_NAME, TierNamer, direct_key, direct_prefix
-from memkv_vllm.store_config import StoreConfig
-from memkv_vllm.store_memkv import MemKVStore
-from memkv_vllm.store_mooncake import MooncakeStore
+from memkv_vllm.store import StoreConfig
+from memkv_vllm.store.memkv import MemKVStore
+from memkv_vllm.store.mooncake import MooncakeStore
 
 
 def test_tier_config_names_the_bad_key_and_the_accepted_values() -> None:

@@ -11,15 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from .errors import ConfigError
+from .store.settings import store_keys
+
 __all__ = ["ConfigError", "DirectConfig", "TierConfig"]
-
-
-class ConfigError(ValueError):
-    """A memkv-vllm setting is invalid; the message names the key and what is accepted."""
-
-    def __init__(self, where: str, key: str, message: str) -> None:
-        super().__init__(f"memkv-vllm: {where} key {key!r}: {message}")
-        self.key = key
 
 
 def _coerce(where: str, key: str, value: Any, kind: type, minimum: float | None) -> Any:
@@ -62,7 +57,7 @@ def _build(cls: Any, where: str, data: Mapping[str, Any], ignore: frozenset[str]
 class TierConfig:
     """Keys of a `{"type": "memkv", ...}` entry in `secondary_tiers`.
 
-    The store keys (`backend`, `mooncake_*`) are `.store_config.StoreConfig`'s;
+    The store keys (`backend`, `mooncake_*`) are `.store.StoreConfig`'s;
     MemKV connection settings come from `MEMKV_CONFIG` / `MEMKV_*`.
     """
 
@@ -104,8 +99,6 @@ class TierConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TierConfig:
         """Validate a tier entry; raises `ConfigError` naming the offending key."""
-        from .store_config import store_keys
-
         ignore = cls.VLLM_KEYS | store_keys("")
         cfg: TierConfig = _build(cls, "secondary_tiers[memkv]", data, ignore)
         if not cfg.prefix or cfg.prefix.startswith("/"):
@@ -155,8 +148,6 @@ class DirectConfig:
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any]) -> DirectConfig:
         """Pick and validate the `memkv_*` keys (other keys belong to vLLM)."""
-        from .store_config import store_keys
-
         store = store_keys("memkv_")
         ours = {k: v for k, v in extra.items() if k.startswith("memkv_") and k not in store}
         cfg: DirectConfig = _build(cls, "kv_connector_extra_config", ours, frozenset())

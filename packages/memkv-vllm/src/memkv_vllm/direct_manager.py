@@ -20,10 +20,10 @@ from ._compat import warn_if_hashes_differ_per_process
 from .load_errors import current as current_load_errors
 from .load_store_spec import MemKVLoadStoreSpec
 from .lookup import Answer, BatchedLookup
-from .metrics import LOOKUP_ROUNDS, TierMetrics
+from .metrics import TierMetrics
 from .naming import direct_key, prefix_differences, publish_key, split_prefix_record
+from .scheduler_lookup import SchedulerLookup
 from .store import KVStore, open_store
-from .store_config import StoreConfig
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
@@ -39,16 +39,12 @@ if TYPE_CHECKING:
         ScheduleEndContext,
     )
 
-    from .spec import MemKVOffloadingSpec
+    from .config import DirectConfig
+    from .store import StoreConfig
 
 __all__ = ["MemKVDirectManager", "adopt_prefix"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
-_RESULT = {
-    Answer.HIT: c.LookupResult.HIT,
-    Answer.MISS: c.LookupResult.MISS,
-    Answer.PENDING: c.LookupResult.RETRY,
-}
 
 
 def adopt_prefix(store: KVStore, engine_id: str, world_size: int, timeout: float) -> bytes:
@@ -85,14 +81,17 @@ def adopt_prefix(store: KVStore, engine_id: str, world_size: int, timeout: float
 
 
 class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
-    def __init__(self, spec: MemKVOffloadingSpec) -> None:
-        cfg = spec.cfg
+    """The scheduler side of `.spec.MemKVOffloadingSpec` for engine `engine_id` with
+    `world_size` worker ranks."""
+
+    def __init__(
+        self, cfg: DirectConfig, store_config: StoreConfig, engine_id: str, world_size: int
+    ) -> None:
         warn_if_hashes_differ_per_process()
-        store_config = StoreConfig.resolve(spec.extra_config, "kv_connector_extra_config", "memkv_")
         self._kv = open_store(store_config, True, "direct scheduler")
-        self._ranks = range(spec.config.parallel.world_size)
+        self._ranks = range(world_size)
         self.prefix = adopt_prefix(
-            self._kv, spec.config.engine_id, len(self._ranks), cfg.memkv_publish_timeout_s
+            self._kv, engine_id, len(self._ranks), cfg.memkv_publish_timeout_s
         )
         self._lookup = BatchedLookup(
             self._kv.exists,
@@ -101,11 +100,10 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
             timeout=cfg.memkv_lookup_timeout_s,
             settings_hint=self._kv.settings_hint,
         )
+        self._lookups = SchedulerLookup(self._lookup, TierMetrics())
         load_errors = current_load_errors()  # set under MemKVOffloadingConnector
         if load_errors is not None:
             load_errors.on_scheduler_failure(self._lookup.forget)
-        self._metrics = TierMetrics()
-        self._rounds_reported = 0
         log.info("memkv-vllm: direct offload on %s, key prefix %s", self._kv.describe(),
                  self.prefix.hex())  # fmt: skip
 
@@ -113,9 +111,7 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
         return [direct_key(self.prefix, r, key) for r in self._ranks]
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        answer = self._lookup.query_all(self._names(key))
-        self._metrics.count_lookup(answer)
-        return _RESULT[answer]
+        return self._lookups.result(self._lookup.query_all(self._names(key)))
 
     def prepare_load(
         self, keys: Collection[OffloadKey], req_context: ReqContext
@@ -153,21 +149,17 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
         return ()
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
-        self._lookup.flush()
+        self._lookups.on_schedule_end()
 
     def has_pending_work(self) -> bool:
-        self._lookup.flush()
-        return self._lookup.pending()
+        return self._lookups.pending()
 
     def reset_cache(self) -> None:
         self._lookup.forget()
 
     def get_stats(self) -> OffloadingConnectorStats | None:
-        rounds = self._lookup.rounds
-        self._metrics.inc(LOOKUP_ROUNDS, rounds - self._rounds_reported)
-        self._rounds_reported = rounds
-        return self._metrics.take()
+        return self._lookups.take_stats()
 
     def shutdown(self) -> None:
-        self._lookup.close()
+        self._lookups.close()
         self._kv.close()

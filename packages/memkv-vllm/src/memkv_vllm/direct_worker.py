@@ -32,15 +32,16 @@ from .jobs import JobOutcome, JobRunner
 from .load_errors import current as current_load_errors
 from .naming import direct_key, prefix_record, publish_key, split_prefix_record
 from .store import open_store
-from .store_config import StoreConfig
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
     from vllm.v1.kv_offload.base import CanonicalKVCaches, GPULoadStoreSpec, TransferResult
+    from vllm.v1.kv_offload.config import OffloadingConfig
 
+    from .config import DirectConfig
     from .load_store_spec import MemKVLoadStoreSpec
-    from .spec import MemKVOffloadingSpec
+    from .store import StoreConfig
 
 __all__ = ["MemKVDirectWorker", "choose_scratch_medium"]
 
@@ -90,11 +91,19 @@ def choose_scratch_medium(setting: str, device: torch.device, has_rdma: bool) ->
 
 
 class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
-    def __init__(self, spec: MemKVOffloadingSpec, kv_caches: CanonicalKVCaches) -> None:
+    """The worker side of `.spec.MemKVOffloadingSpec` on one rank of `config`'s engine,
+    over that rank's live KV caches."""
+
+    def __init__(
+        self,
+        cfg: DirectConfig,
+        store_config: StoreConfig,
+        config: OffloadingConfig,
+        tokens_per_block: list[int],
+        kv_caches: CanonicalKVCaches,
+    ) -> None:
         import torch
 
-        cfg = spec.cfg
-        config = spec.config
         self.rank = int(config.parallel.rank)
         self._cfg = cfg
         self._tensors: list[torch.Tensor] = []
@@ -113,7 +122,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         self._blocks_per_op = max(1, min(MAX_BLOCKS_PER_OP, budget // self._slot))
         device = self._device = self._tensors[0].device
         self._kv = open_store(
-            StoreConfig.resolve(spec.extra_config, "kv_connector_extra_config", "memkv_"),
+            store_config,
             False,
             f"direct worker rank {self.rank}",
             gpu=device.index if device.type == "cuda" else None,
@@ -130,7 +139,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             "dtype": str(config.model.dtype),
             "tp_size": int(config.parallel.tp_size),
             "world_size": int(config.parallel.world_size),
-            "tokens_per_block": list(spec.tokens_per_block),
+            "tokens_per_block": list(tokens_per_block),
             "layout": [
                 [list(t.tensor.shape[1:]), int(t.page_size_bytes)] for t in kv_caches.tensors
             ],

@@ -15,6 +15,7 @@ from .config import ConfigError, DirectConfig
 from .direct_manager import MemKVDirectManager
 from .load_store_spec import MemKVLoadStoreSpec
 from .metrics import metric_definitions
+from .store import StoreConfig
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingMetricMetadata
@@ -56,14 +57,23 @@ class MemKVOffloadingSpec(c.OffloadingSpec):  # type: ignore[misc]
         self._manager: MemKVDirectManager | None = None
         self._worker: MemKVDirectWorker | None = None
 
+    def _store_config(self) -> StoreConfig:
+        return StoreConfig.resolve(self.extra_config, "kv_connector_extra_config", "memkv_")
+
     def get_manager(self) -> MemKVDirectManager:
         if self._manager is None:
-            self._manager = MemKVDirectManager(self)
+            parallel = self.config.parallel
+            self._manager = MemKVDirectManager(
+                self.cfg, self._store_config(), self.config.engine_id, parallel.world_size
+            )
         return self._manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> MemKVDirectWorker:
         if self._worker is None:
             from .direct_worker import MemKVDirectWorker
 
-            self._worker = MemKVDirectWorker(self, kv_caches)
+            self._worker = MemKVDirectWorker(
+                self.cfg, self._store_config(), self.config, list(self.tokens_per_block),
+                kv_caches,
+            )  # fmt: skip
         return self._worker

@@ -4,9 +4,9 @@ Runs in the scheduler (EngineCore) process. vLLM keeps the CPU pool as the prima
 this tier sees one value per (block hash, KV cache group): the full CPU-pool row of the
 chunk (every TP rank's bytes, `stride` bytes). Stores and loads read and write the
 pool's rows in place through the store interface (`.store`: MemKV or Mooncake
-Store, chosen by `.store_config.StoreConfig`).
+Store, chosen by `.store.StoreConfig`).
 
-Every vLLM-facing method is a short delegation: lookups to `.lookup.BatchedLookup`,
+Every vLLM-facing method is a short delegation: lookups to `.scheduler_lookup`,
 transfers to `.jobs.JobRunner`, names to `.naming.TierNamer`.
 """
 
@@ -23,21 +23,20 @@ from vllm_kv_identity import weights_fingerprint
 from . import _compat as c
 from .config import TierConfig
 from .jobs import JobOutcome, JobRunner
-from .lookup import Answer, BatchedLookup
+from .lookup import BatchedLookup
 from .metrics import (
     BLOCKS,
     JOB_SECONDS,
     JOBS_FAILED,
     LOAD_BYTES,
-    LOOKUP_ROUNDS,
     STORE_BYTES,
     STORE_SHEDS,
     TierMetrics,
     metric_definitions,
 )
 from .naming import TierNamer
-from .store import open_store
-from .store_config import StoreConfig, store_keys
+from .scheduler_lookup import SchedulerLookup
+from .store import StoreConfig, open_store, store_keys
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
@@ -58,11 +57,6 @@ if TYPE_CHECKING:
 __all__ = ["MemKVTierManager", "memkv"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
-_RESULT = {
-    Answer.HIT: c.LookupResult.HIT,
-    Answer.MISS: c.LookupResult.MISS,
-    Answer.PENDING: c.LookupResult.RETRY,
-}
 
 
 def _chunks(items: list[int], size: int) -> Iterable[list[int]]:
@@ -115,11 +109,11 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
             timeout=self.cfg.lookup_timeout_s,
             settings_hint=self._kv.settings_hint,
         )
+        self._metrics = TierMetrics()
+        self._lookups = SchedulerLookup(self._lookup, self._metrics)
         self._jobs = JobRunner(
             self.cfg.n_read_threads, self.cfg.n_write_threads, self.cfg.max_store_backlog_mb << 20
         )
-        self._metrics = TierMetrics()
-        self._rounds_reported = 0
         self._write_config_record(offloading_spec)
         log.info(
             "memkv-vllm: tier ready: %d-byte values under %s on %s (vLLM %s)",
@@ -141,12 +135,10 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
     # --- lookups ------------------------------------------------------------------------
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        answer = self._lookup.query(self._namer.name(key))
-        self._metrics.count_lookup(answer)
-        return _RESULT[answer]
+        return self._lookups.result(self._lookup.query(self._namer.name(key)))
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
-        self._lookup.flush()
+        self._lookups.on_schedule_end()
 
     # --- transfers ----------------------------------------------------------------------
 
@@ -240,8 +232,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
         self._jobs.drain()
 
     def has_pending_work(self) -> bool:
-        self._lookup.flush()
-        return self._jobs.pending() or self._lookup.pending()
+        return self._lookups.pending() or self._jobs.pending()
 
     # --- per-request hooks (nothing to keep per request) --------------------------------
 
@@ -254,15 +245,12 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
     # --- stats and lifetime -------------------------------------------------------------
 
     def get_stats(self) -> OffloadingConnectorStats | None:
-        rounds = self._lookup.rounds
-        self._metrics.inc(LOOKUP_ROUNDS, rounds - self._rounds_reported)
-        self._rounds_reported = rounds
-        return self._metrics.take()
+        return self._lookups.take_stats()
 
     def shutdown(self) -> None:
         self._jobs.drain(timeout=30)
         self._jobs.shutdown()
-        self._lookup.close()
+        self._lookups.close()
         self._kv.close()
 
 

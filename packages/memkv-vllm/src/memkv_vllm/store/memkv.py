@@ -16,12 +16,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .rdma_nic import rank_nic
-from .store import Item, ItemOutcome, StoreCounters
-from .store_config import StoreConfig, store_keys, yaml_file
+from ..rdma_nic import rank_nic
+from .protocol import Item, ItemOutcome, StoreCounters
+from .settings import read_sources
 
 if TYPE_CHECKING:
-    from memkv_client import Client, Config
+    from memkv_client import Client, ConfigSources
+
+    from .settings import StoreConfig
 
 __all__ = ["MemKVStore", "servers_source"]
 
@@ -42,30 +44,15 @@ def servers_source(env: Mapping[str, str] = os.environ) -> str:
     )
 
 
-def _client_config(env: Mapping[str, str]) -> tuple[Config, str]:
-    """memkv-client's settings, and the `MEMKV_CONFIG` path if that file sets
-    `rdma_devices` (else ""). A `MEMKV_CONFIG` that also holds memkv-vllm's store keys is
-    read without them (the client rejects keys it does not know)."""
-    import memkv_client
-
-    data, path = yaml_file(env)
-    devices_in = path if "rdma_devices" in data else ""
-    ours = store_keys("")
-    if not ours & data.keys():
-        return memkv_client.load_config(env), devices_in
-    rest = {k: v for k, v in data.items() if k not in ours}
-    client_env = {k: v for k, v in env.items() if k != "MEMKV_CONFIG"}
-    return memkv_client.load_config(client_env, **rest), devices_in
-
-
-def _client(gpu: int | None, sysfs: str | Path) -> Client:
+def _client(sources: ConfigSources, gpu: int | None, sysfs: str | Path) -> Client:
     """A `memkv_client.Client`; on GPU `gpu`'s NIC where `MemKVStore` says so."""
     import memkv_client
 
-    config, devices_in = _client_config(os.environ)
+    config = sources.client_config()
+    devices = sources.lookup("rdma_devices")
     if gpu is not None and config.transport is not memkv_client.Transport.TCP:
-        candidates = config.rdma_devices if devices_in else None
-        source = f"rdma_devices in MEMKV_CONFIG {devices_in}"
+        candidates = config.rdma_devices if devices is not None and devices.in_file else None
+        source = f"rdma_devices in MEMKV_CONFIG {sources.path}"
         nic = rank_nic(gpu, candidates, source, sysfs)
         if nic is not None:
             config = dataclasses.replace(config, rdma_devices=(nic,))
@@ -73,7 +60,7 @@ def _client(gpu: int | None, sysfs: str | Path) -> Client:
 
 
 class MemKVStore:
-    """The store interface over `memkv_client.Client` (see `.store.KVStore`).
+    """The store interface over `memkv_client.Client` (see `.protocol.KVStore`).
 
     `gpu` is this rank's CUDA device (None in the scheduler). A rank with a GPU, whose
     `transport` allows RDMA, drives RDMA through the NIC closest to its GPU (`PIX`: on
@@ -95,10 +82,14 @@ class MemKVStore:
         gpu: int | None = None,
         sysfs: str | Path = "/sys",
     ) -> None:
-        self._client = _client(gpu, sysfs)
+        self._client = _client(config.sources or read_sources(), gpu, sysfs)
         self._counters = StoreCounters()
         if probe:
             self._probe(who)
+
+    @classmethod
+    def check_config(cls, config: StoreConfig, where: str, key_prefix: str) -> None:
+        """Nothing to check: the connection settings are memkv-client's (`MEMKV_*`)."""
 
     def _probe(self, who: str) -> None:
         servers = self._client.servers()

@@ -17,17 +17,23 @@ import logging
 import os
 import socket
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .rdma_nic import rank_nic
-from .store import Item, ItemOutcome, StoreCounters
-from .store_config import StoreConfig
+from ..errors import ConfigError
+from ..rdma_nic import rank_nic
+from .protocol import Item, ItemOutcome, StoreCounters
+
+if TYPE_CHECKING:
+    from .settings import StoreConfig
 
 __all__ = ["MooncakeStore", "mooncake_key"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
+
+PROTOCOLS = ("tcp", "rdma")
+METADATA_SCHEMES = ("http://", "etcd://", "redis://", "P2PHANDSHAKE")
 
 # Mooncake Store's ErrorCode values that explain a failed item (mooncake-store types.h)
 _CAUSES = {
@@ -69,7 +75,7 @@ def _rdma_devices(config: StoreConfig, gpu: int | None) -> str:
 
 
 class MooncakeStore:
-    """The store interface over `MooncakeDistributedStore` (see `.store.KVStore`).
+    """The store interface over `MooncakeDistributedStore` (see `.protocol.KVStore`).
 
     `gpu` is this rank's GPU (for the RDMA NIC choice), None in the scheduler. Raises
     `RuntimeError` when Mooncake is not installed or its setup fails (naming the key).
@@ -81,7 +87,30 @@ class MooncakeStore:
         "(MEMKV_MOONCAKE_MASTER, MEMKV_MOONCAKE_METADATA_SERVER)"
     )
 
-    def __init__(self, config: StoreConfig, who: str, gpu: int | None = None) -> None:
+    @classmethod
+    def check_config(cls, config: StoreConfig, where: str, key_prefix: str) -> None:
+        """Raise `ConfigError` for a bad `mooncake_*` value (before anything connects)."""
+        if config.mooncake_protocol not in PROTOCOLS:
+            raise ConfigError(where, key_prefix + "mooncake_protocol", f"got "
+                              f"{config.mooncake_protocol!r}; accepted: {', '.join(PROTOCOLS)}")  # fmt: skip
+        host, _, port = config.mooncake_master.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(
+                where, key_prefix + "mooncake_master", f"got {config.mooncake_master!r}; "
+                "accepted: host:port of mooncake_master's RPC service (e.g. 10.0.0.5:50051)",
+            )  # fmt: skip
+        if not config.mooncake_metadata_server.startswith(METADATA_SCHEMES):
+            raise ConfigError(
+                where, key_prefix + "mooncake_metadata_server",
+                f"got {config.mooncake_metadata_server!r}; accepted: http://host:port/metadata, "
+                "etcd://host:port, redis://host:port or P2PHANDSHAKE",
+            )  # fmt: skip
+
+    def __init__(
+        self, config: StoreConfig, probe: bool = True, who: str = "", gpu: int | None = None
+    ) -> None:
+        """Connect to the master; setup fails (and raises) if it does not answer, so the
+        store is probed whatever `probe` says."""
         try:
             from mooncake.store import MooncakeDistributedStore, ReplicateConfig
         except ImportError as exc:

@@ -2,9 +2,9 @@
 
 The tier and the direct mode move KV through a `KVStore`: batched presence probes,
 batched puts from and gets into caller-owned buffers, deletes, small metadata records and
-counters. Two implementations: `.store_memkv.MemKVStore` (our `memkv serve`
-cluster through `memkv_client`) and `.store_mooncake.MooncakeStore` (Mooncake
-Store). `open_store` builds the one the configuration names. No vLLM import.
+counters. Implementations: `.memkv.MemKVStore` (our `memkv serve` cluster through
+`memkv_client`) and `.mooncake.MooncakeStore` (Mooncake Store), found by name through
+`.registry`. No vLLM import.
 """
 
 from __future__ import annotations
@@ -12,12 +12,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
-if TYPE_CHECKING:
-    from .store_config import StoreConfig
-
-__all__ = ["Item", "ItemOutcome", "KVStore", "StoreCounters", "open_store"]
+__all__ = ["OK", "Item", "ItemOutcome", "KVStore", "StoreCounters"]
 
 Item = tuple[bytes, Any, int]
 """`(key, buffer, length)`: a writable (get) or readable (put) buffer of `length` bytes."""
@@ -127,18 +124,3 @@ class KVStore(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def open_store(config: StoreConfig, probe: bool, who: str, gpu: int | None = None) -> KVStore:
-    """The store `config.backend` names; with `probe`, fail now if it is unreachable.
-
-    `gpu` is the caller's CUDA device index, None without one: over RDMA, either backend
-    drives the NIC next to that GPU (see `MemKVStore`, `MooncakeStore`).
-    """
-    if config.backend == "mooncake":
-        from .store_mooncake import MooncakeStore
-
-        return MooncakeStore(config, who, gpu)
-    from .store_memkv import MemKVStore
-
-    return MemKVStore(config, probe, who, gpu)

@@ -9,27 +9,29 @@ Each key is looked up in order, the first source that has it wins:
 3. the environment, `MEMKV_` + the key in capitals (`MEMKV_BACKEND=mooncake`);
 4. the defaults below.
 
-A bad value fails startup with a `.config.ConfigError` naming the key, where it
-came from and what is accepted. The memkv backend's own connection settings (servers,
+Steps 2 and 3 are memkv-client's one loader (`memkv_client.ConfigSources`, the same
+precedence for every MemKV setting), read once per `resolve` and kept on the result for
+the memkv backend's client.
+
+A bad value fails startup with a `ConfigError` naming the key, where it came from and
+what is accepted; the backend named checks its own keys (`check_config`, see
+`.registry`). The memkv backend's own connection settings (servers,
 auth key, transport) stay with `memkv_client` (same file and `MEMKV_*` variables).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-from .config import ConfigError
+from memkv_client import ConfigSources
 
-__all__ = ["BACKENDS", "PROTOCOLS", "StoreConfig", "store_keys", "yaml_file", "yaml_settings"]
+from ..errors import ConfigError
+from .registry import backend_class, backend_names
 
-BACKENDS = ("memkv", "mooncake")
-PROTOCOLS = ("tcp", "rdma")
-METADATA_SCHEMES = ("http://", "etcd://", "redis://", "P2PHANDSHAKE")
+__all__ = ["StoreConfig", "read_sources", "store_keys"]
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,8 @@ class StoreConfig:
     """The store settings shared by both modes (keys as written in YAML and tier entries)."""
 
     backend: str = "memkv"
-    """`memkv` (`memkv serve` cluster) or `mooncake` (Mooncake Store)."""
+    """`memkv` (`memkv serve` cluster), `mooncake` (Mooncake Store), or another backend's
+    `package.module:Class` (see `.registry`)."""
     mooncake_master: str = ""
     """`host:port` of `mooncake_master`'s RPC service (required for mooncake)."""
     mooncake_metadata_server: str = ""
@@ -58,6 +61,9 @@ class StoreConfig:
     mooncake_replicas: int = 1
     """Copies of each value, on different segments (1-16)."""
 
+    sources: ConfigSources | None = field(default=None, compare=False, repr=False)
+    """Where `resolve` read `MEMKV_CONFIG` / `MEMKV_*` (None: not resolved; read anew)."""
+
     RANGES = {"mooncake_segment_mb": (0, 1 << 24), "mooncake_buffer_mb": (16, 1 << 20),
               "mooncake_replicas": (1, 16)}  # fmt: skip
 
@@ -69,75 +75,49 @@ class StoreConfig:
         key_prefix: str = "",
         env: Mapping[str, str] | None = None,
     ) -> StoreConfig:
-        """Merge the sources in order; `vllm_values` keys carry `key_prefix`."""
-        env = os.environ if env is None else env
-        yaml_values, yaml_path = yaml_settings(env)
+        """Merge the sources in order; `vllm_values` keys carry `key_prefix`; `env`
+        defaults to `os.environ`."""
+        sources = read_sources(env)
         values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
+        for f in _SETTINGS:
             name = f.name
             if key_prefix + name in vllm_values:
                 raw, source = vllm_values[key_prefix + name], (where, key_prefix + name)
-            elif name in yaml_values:
-                raw, source = yaml_values[name], (f"MEMKV_CONFIG {yaml_path}", name)
-            elif "MEMKV_" + name.upper() in env:
-                raw, source = env["MEMKV_" + name.upper()], ("environment", f"MEMKV_{name.upper()}")
+            elif (found := sources.lookup(name)) is not None:
+                raw, source = found.value, (found.where, found.key)
             else:
                 continue
             values[name] = _convert(name, f.type, raw, *source)
-        cfg = cls(**values)
+        cfg = cls(**values, sources=sources)
         cfg._check(where, key_prefix)
         return cfg
 
     def _check(self, where: str, key_prefix: str) -> None:
-        if self.backend not in BACKENDS:
-            raise ConfigError(where, key_prefix + "backend", f"got {self.backend!r}; "
-                              f"accepted: {', '.join(BACKENDS)}")  # fmt: skip
-        if self.backend != "mooncake":
-            return
-        if self.mooncake_protocol not in PROTOCOLS:
-            raise ConfigError(where, key_prefix + "mooncake_protocol", f"got "
-                              f"{self.mooncake_protocol!r}; accepted: {', '.join(PROTOCOLS)}")  # fmt: skip
-        host, _, port = self.mooncake_master.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(
-                where, key_prefix + "mooncake_master", f"got {self.mooncake_master!r}; "
-                "accepted: host:port of mooncake_master's RPC service (e.g. 10.0.0.5:50051)",
-            )  # fmt: skip
-        if not self.mooncake_metadata_server.startswith(METADATA_SCHEMES):
-            raise ConfigError(
-                where, key_prefix + "mooncake_metadata_server",
-                f"got {self.mooncake_metadata_server!r}; accepted: http://host:port/metadata, "
-                "etcd://host:port, redis://host:port or P2PHANDSHAKE",
-            )  # fmt: skip
+        accepted = f"accepted: {', '.join(backend_names())} or a package.module:Class"
+        try:
+            cls = backend_class(self.backend)
+        except ValueError:
+            raise ConfigError(where, key_prefix + "backend", f"got {self.backend!r}; {accepted}"
+                              ) from None  # fmt: skip
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(where, key_prefix + "backend", f"got {self.backend!r}, which "
+                              f"cannot be imported ({exc}); {accepted}") from None  # fmt: skip
+        cls.check_config(self, where, key_prefix)
+
+
+_SETTINGS = [f for f in dataclasses.fields(StoreConfig) if f.name != "sources"]
 
 
 def store_keys(prefix: str) -> frozenset[str]:
     """The store keys as they appear in a vLLM config whose keys carry `prefix`."""
-    return frozenset(prefix + f.name for f in dataclasses.fields(StoreConfig))
+    return frozenset(prefix + f.name for f in _SETTINGS)
 
 
-def yaml_file(env: Mapping[str, str]) -> tuple[dict[str, Any], str]:
-    """Every setting in the `MEMKV_CONFIG` file (ours and memkv-client's; `{}` without
-    one) and its path."""
-    path = env.get("MEMKV_CONFIG")
-    if not path:
-        return {}, ""
-    import yaml
-
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError("MEMKV_CONFIG", path, f"cannot read it: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError("MEMKV_CONFIG", path, "must hold a mapping of settings")
-    return data, path
-
-
-def yaml_settings(env: Mapping[str, str]) -> tuple[dict[str, Any], str]:
-    """Our keys from the `MEMKV_CONFIG` file (`{}` without one) and its path."""
-    data, path = yaml_file(env)
-    ours = {f.name for f in dataclasses.fields(StoreConfig)}
-    return {k: v for k, v in data.items() if k in ours}, path
+def read_sources(env: Mapping[str, str] | None = None) -> ConfigSources:
+    """`MEMKV_CONFIG` and `MEMKV_*` of `env` (default `os.environ`), read once; the file
+    may hold memkv-client's settings and ours. Raises `memkv_client.ConfigError` naming
+    the file for an unreadable file or an unknown key in it."""
+    return ConfigSources.read(env, plugin_keys=store_keys(""))
 
 
 def _convert(name: str, kind: Any, raw: Any, where: str, key: str) -> Any:

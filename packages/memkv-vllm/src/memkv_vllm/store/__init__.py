@@ -1,0 +1,35 @@
+"""The store both modes move KV through: the `KVStore` interface, its settings
+(`StoreConfig`) and the backends behind it, opened by name (`open_store`).
+
+Backends live in their own modules (`.memkv`, `.mooncake`), imported only when named;
+`.registry` says how to add one. No vLLM import.
+"""
+
+from __future__ import annotations
+
+from .protocol import OK, Item, ItemOutcome, KVStore, StoreCounters
+from .registry import BACKENDS, backend_class, register_backend
+from .settings import StoreConfig, store_keys
+
+__all__ = [
+    "BACKENDS",
+    "OK",
+    "Item",
+    "ItemOutcome",
+    "KVStore",
+    "StoreConfig",
+    "StoreCounters",
+    "open_store",
+    "register_backend",
+    "store_keys",
+]
+
+
+def open_store(config: StoreConfig, probe: bool, who: str, gpu: int | None = None) -> KVStore:
+    """The store `config.backend` names; with `probe`, fail now if it is unreachable.
+
+    `who` names the caller in errors and logs; `gpu` is its CUDA device index, None
+    without one: over RDMA, a backend drives the NIC next to that GPU.
+    """
+    store: KVStore = backend_class(config.backend)(config, probe=probe, who=who, gpu=gpu)
+    return store
