@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterable
 from typing import Any
 
 from .errors import KeyTooLongError, LocalProtocolError
 from .protocol import MAX_KEY_LEN
 
-__all__ = ["as_key", "as_tuples", "as_view", "check_count"]
+__all__ = ["as_key", "as_keys", "as_tuples", "as_view", "check_count"]
 
 BufferOrAddress = Any  # a Python buffer (memoryview, bytearray, numpy array, ...) or an int
+
+
+def as_keys(keys: Iterable[bytes | str], where: str) -> list[bytes]:
+    """`as_key` of each key; `where` names the call in the error for a non-list."""
+    if isinstance(keys, bytes | str):
+        raise LocalProtocolError(f"{where}: pass a list of keys, not one key {keys[:40]!r}")
+    try:
+        return [as_key(k) for k in keys]
+    except TypeError:
+        raise LocalProtocolError(f"{where}: pass an iterable of keys (bytes or str)") from None
 
 
 def as_key(key: bytes | str) -> bytes:

@@ -27,7 +27,8 @@ from typing import Any, TypeVar
 
 from . import protocol as p
 from .auth import Signer, user_key, user_key_path
-from .buffers import BufferOrAddress, as_key, as_tuples, as_view, check_count
+from .batching import split_requests
+from .buffers import BufferOrAddress, as_key, as_keys, as_tuples, as_view, check_count
 from .config import Config, Transport, load_config
 from .errors import (
     ConfigError,
@@ -51,7 +52,6 @@ __all__ = ["Client"]
 
 log = logging.getLogger("memkv_client")
 T = TypeVar("T")
-_MIN_SPLIT = 8 << 20  # split a server's batch across connections above this many bytes
 _EXISTS_CHUNK = 512  # keys per EXISTS request (keys are small; meta stays < 1 MiB)
 Item = tuple[bytes | str, BufferOrAddress, int]
 XferItem = tuple[bytes | str, int, int, int]  # key, address, length, value_offset
@@ -206,28 +206,15 @@ class Client:
         max_items: int,
         together: Sequence[bytes] | None = None,
     ) -> list[list[int]]:
-        """Split one server's items into requests: at most `max_items` items and
-        `max_request_mb` of values each, and (for big batches) spread over up to
-        `num_connections` requests of at least `_MIN_SPLIT` bytes so they run in
-        parallel. With `together` (a key per position, equal keys adjacent), a run of
-        equal keys is never split across requests."""
-        total = sum(sizes[i] for i in positions)
-        ways = max(1, min(self.config.num_connections, total // _MIN_SPLIT, len(positions)))
-        per_request = min(self._max_request, -(-total // ways))
-        chunks: list[list[int]] = []
-        cur: list[int] = []
-        cur_bytes = 0
-        for pos in positions:
-            n = sizes[pos]
-            full = len(cur) >= max_items or cur_bytes + n > per_request
-            if cur and full and (together is None or together[pos] != together[cur[-1]]):
-                chunks.append(cur)
-                cur, cur_bytes = [], 0
-            cur.append(pos)
-            cur_bytes += n
-        if cur:
-            chunks.append(cur)
-        return chunks
+        """One server's items as requests (`batching.split_requests` with our limits)."""
+        return split_requests(
+            positions,
+            sizes,
+            max_items=max_items,
+            max_bytes=self._max_request,
+            connections=self.config.num_connections,
+            together=together,
+        )
 
     def _batch(
         self,
@@ -289,7 +276,7 @@ class Client:
         """Which keys are present, in input order, by the deadline. Keys on a member that
         is unreachable, missed the deadline or is marked down read False."""
         self._check_open()
-        kb = _as_keys(keys, "exists")
+        kb = as_keys(keys, "exists")
         deadline = self._deadline(timeout)
         out = [False] * len(kb)
         tasks: list[Callable[[], tuple[list[int], list[bool] | MemKVError, str]]] = []
@@ -327,7 +314,7 @@ class Client:
         `MemberDownError` while that member is marked down."""
         self._check_open()
         pool = self._pools[self._server_index(server)]
-        kb = _as_keys(keys, "exists_on")
+        kb = as_keys(keys, "exists_on")
         deadline = self._deadline(timeout)
         out: list[bool] = []
         for start in range(0, len(kb), self.config.max_batch_size):
@@ -581,12 +568,3 @@ class Client:
         if name in Status.__members__:
             status = Status[name]
         raise error_from_status(status, r.cause)
-
-
-def _as_keys(keys: Iterable[bytes | str], where: str) -> list[bytes]:
-    if isinstance(keys, bytes | str):
-        raise LocalProtocolError(f"{where}: pass a list of keys, not one key {keys[:40]!r}")
-    try:
-        return [as_key(k) for k in keys]
-    except TypeError:
-        raise LocalProtocolError(f"{where}: pass an iterable of keys (bytes or str)") from None
