@@ -54,9 +54,11 @@ def _topo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `memkv` command. A bad flag value is one line on stderr and exit status 2."""
     from .server import add_serve_arguments, serve
+    from .server.args import OneLineParser, address
 
-    ap = argparse.ArgumentParser(prog="memkv", description="MemKV server and tools.")
+    ap = OneLineParser(prog="memkv", description="MemKV server and tools.")
     ap.add_argument("--version", action="version", version=f"memkv {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     sp = sub.add_parser(
@@ -65,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_serve_arguments(sp)
     sp.set_defaults(func=serve)
     st = sub.add_parser("stats", help="print statistics of live servers")
-    st.add_argument("--server", help="host:port (default: the configured servers)")
+    st.add_argument("--server", type=address, help="host:port (default: the configured servers)")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_stats)
     net = sub.add_parser("net", help="network tools")

@@ -11,12 +11,15 @@ from types import FrameType
 
 from ..auth import ClockWindow, Signer
 from ..sockio import parse_address
+from . import args as flags
+from .args import OneLineParser
 from .keys import server_key
 from .net import MemKVServer
 from .spill import SpillDir
-from .storage import Store
+from .storage import BLOCK_SIZE, Store
 
 __all__ = ["MemKVServer", "Store", "add_serve_arguments", "main", "parse_size", "serve"]
+
 
 _UNITS = {
     "": 1, "b": 1,
@@ -41,38 +44,46 @@ def parse_size(text: str) -> int:
 
 
 def add_serve_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--listen", default="127.0.0.1:9900", help="host:port (port 0 = any)")
-    ap.add_argument("--memory", default="4GiB", help="value memory, e.g. 4GiB")
-    ap.add_argument("--lanes", type=int, default=4, help="capacity lanes (key namespaces)")
+    """The `memkv serve` flags; each value is checked as it is parsed (see `.args`)."""
+    ap.add_argument(
+        "--listen", type=flags.listen_address, default="127.0.0.1:9900",
+        help="host:port (port 0 = any)",
+    )  # fmt: skip
+    ap.add_argument("--memory", type=flags.size, default="4GiB", help="value memory, e.g. 4GiB")
+    ap.add_argument(
+        "--lanes", type=flags.int_in(1, 1024), default=4, help="capacity lanes (key namespaces)"
+    )
     ap.add_argument("--dir", default=None, help="spill evicted values to this directory")
-    ap.add_argument("--dir-capacity", default=None, help="spill size limit (None: 4x memory)")
+    ap.add_argument(
+        "--dir-capacity", type=flags.size, default=None, help="spill size limit (None: 4x memory)"
+    )
     ap.add_argument(
         "--replay-window-ms",
-        type=int,
+        type=flags.int_in(1),
         default=30000,
         help="refuse requests whose timestamp is further than this from the server clock",
     )
     ap.add_argument(
         "--max-connections",
-        type=int,
+        type=flags.int_in(1),
         default=None,
         help="connections served at once (None: ulimit -n minus 64, at most 4096)",
     )
     ap.add_argument(
         "--frame-timeout-s",
-        type=float,
+        type=flags.seconds,
         default=10.0,
         help="a frame must arrive (and a reply leave) within this, plus 1 s per 8 MiB",
     )
     ap.add_argument(
         "--idle-timeout-s",
-        type=float,
+        type=flags.seconds,
         default=300.0,
         help="close connections idle this long",
     )
     ap.add_argument(
         "--exists-lease-ms",
-        type=int,
+        type=flags.int_in(0),
         default=30000,
         help="an EXISTS that finds a value shields it from eviction this long (0 = off)",
     )
@@ -85,26 +96,20 @@ def add_serve_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Run a server until SIGTERM/SIGINT; returns the exit status."""
+    """Run a server until SIGTERM/SIGINT; returns the exit status (2: a bad flag value
+    or setup error, reported in one line)."""
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
     try:
         host, port = parse_address(args.listen, allow_port_zero=True)
         memory = parse_size(args.memory)
         spill_cap = parse_size(args.dir_capacity) if args.dir_capacity else 4 * memory
-        if args.lanes < 1 or args.lanes > 1024:
-            raise ValueError(f"--lanes {args.lanes} out of range 1..1024")
-        if args.replay_window_ms < 1:
-            raise ValueError("--replay-window-ms must be positive")
-        if args.exists_lease_ms < 0:
-            raise ValueError("--exists-lease-ms must be >= 0")
-        if args.max_connections is not None and args.max_connections < 1:
-            raise ValueError(f"--max-connections {args.max_connections}: must be >= 1")
-        for flag, value in (("--frame-timeout-s", args.frame_timeout_s),
-                            ("--idle-timeout-s", args.idle_timeout_s)):  # fmt: skip
-            if not value > 0:
-                raise ValueError(f"{flag} {value}: must be > 0")
+        if memory < args.lanes * BLOCK_SIZE:
+            raise ValueError(
+                f"--memory {args.memory}: too small for --lanes {args.lanes}; give at least "
+                f"{args.lanes * BLOCK_SIZE >> 10}KiB ({BLOCK_SIZE >> 10}KiB per lane)"
+            )
         key, key_source = server_key(host)
-        spill = SpillDir(args.dir, spill_cap) if args.dir else None
+        spill = _spill_dir(args.dir, spill_cap) if args.dir else None
         store = Store(
             memory,
             args.lanes,
@@ -115,7 +120,7 @@ def serve(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"memkv serve: {exc}", file=sys.stderr)
         return 2
-    responder, rdma_note = None, "rdma=on"
+    responder, rdma_note = None, "rdma=off (--rdma off)"
     if args.rdma != "off":
         from ..verbs import open_verbs_backend
         from .rdma import RdmaResponder
@@ -128,7 +133,7 @@ def serve(args: argparse.Namespace) -> int:
                 return 2
             rdma_note = f"rdma=off ({reason})"
         else:
-            responder = RdmaResponder(backend, store)
+            responder, rdma_note = RdmaResponder(backend, store), "rdma=on"
     server = MemKVServer(
         store,
         host,
@@ -162,8 +167,16 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spill_dir(directory: str, capacity: int) -> SpillDir:
+    """The spill directory; an OSError becomes a ValueError naming `--dir`."""
+    try:
+        return SpillDir(directory, capacity)
+    except OSError as exc:
+        raise ValueError(f"--dir {directory}: {exc.strerror or exc}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = OneLineParser(
         prog="memkv serve",
         description="Run a MemKV server node.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
