@@ -434,7 +434,7 @@ class Store:
     def commit(self, res: Reservation, digest: bytes | None = None) -> None:
         """Publish a filled reservation, replacing any previous value of the key.
 
-        `digest` is the value's SHA-256 if the caller has checked it already; otherwise
+        `digest` is the value's BLAKE3 if the caller has checked it already; otherwise
         it is computed here.
         """
         e = res.entry
