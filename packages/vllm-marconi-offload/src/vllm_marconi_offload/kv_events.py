@@ -30,7 +30,8 @@ from vllm.distributed.kv_events import (
 from vllm.v1.core import kv_cache_utils
 from vllm_kv_identity import key_group
 
-from .events import BlockInfo, Change, block_hash
+from .block_info import BlockInfo
+from .events import Change, block_hash
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
