@@ -11,18 +11,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from import_graph import cycles, graph, package_sources
 
-# Cycles being untangled (issue 33, item 3): tolerated until their fix lands, no others.
-BEING_FIXED = {
-    "memkv_vllm": [["memkv_vllm.direct_manager", "memkv_vllm.direct_worker", "memkv_vllm.spec"]],
-}
-
 
 @pytest.mark.parametrize("package", sorted(package_sources()))
 def test_the_package_imports_nothing_in_a_circle(package: str) -> None:
-    found = cycles(graph(package_sources()[package]))
-    if found and all(cycle in BEING_FIXED.get(package, []) for cycle in found):
-        pytest.xfail(f"known cycles, being fixed: {found}")
-    assert found == []
+    assert cycles(graph(package_sources()[package])) == []
 
 
 def test_a_cycle_through_a_lazy_or_type_only_import_is_found(tmp_path: Path) -> None:
