@@ -117,7 +117,8 @@ def engine_args(**overrides: Any) -> dict[str, Any]:
 def kv_transfer(
     mode: str, cpu_bytes: int, l2_dir: str | None = None, l2_bytes: int | None = None
 ) -> Any:
-    """The KVTransferConfig of `mode`: ours, native (OffloadingConnector), simple, or none.
+    """The KVTransferConfig of `mode`: ours, native (OffloadingConnector), simple, lmcache
+    (LMCache's own connector, CPU backend of `cpu_bytes`), or none.
     Ours gets an L2 in `l2_dir` of `l2_bytes` (default 4x `cpu_bytes`) if `l2_dir` is set."""
     from vllm.config import KVTransferConfig
 
@@ -135,6 +136,11 @@ def kv_transfer(
             kv_role="kv_both",
             kv_connector_extra_config={**extra, **env_settings()},
         )
+    if mode == "lmcache":  # LMCache's CPU backend, configured through its environment
+        os.environ.setdefault("LMCACHE_LOCAL_CPU", "True")
+        os.environ.setdefault("LMCACHE_MAX_LOCAL_CPU_SIZE", str(cpu_bytes / (1 << 30)))
+        os.environ.setdefault("LMCACHE_CHUNK_SIZE", "256")
+        return KVTransferConfig(kv_connector="LMCacheConnectorV1", kv_role="kv_both")
     if mode in ("native", "simple"):
         name = "OffloadingConnector" if mode == "native" else "SimpleCPUOffloadConnector"
         return KVTransferConfig(

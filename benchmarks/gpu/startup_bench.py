@@ -2,7 +2,8 @@
 many tokens served from HBM and from the CPU tier (issue 34), per mode.
 
 MODE: `ours` (L1 of GIB GiB, no L2, the connector's defaults) | `native` (vLLM's
-OffloadingConnector, `cpu_bytes_to_use` GIB GiB). Engine settings: `model_8b.SERVING` (the
+OffloadingConnector, `cpu_bytes_to_use` GIB GiB) | `lmcache` (LMCache's connector, its CPU
+backend of GIB GiB; needs the `lmcache` package). Engine settings: `model_8b.SERVING` (the
 multi-turn benchmark's), production mode. Start-up is the time `LLM(...)` takes.
 With LENGTH, after a 512-token warm-up: the prompt computed cold; after 2 s (its stores
 settle) HBM_REPEATS requests of the same prompt, every block of it in vLLM's own cache;
