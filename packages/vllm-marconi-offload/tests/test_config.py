@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kv_eviction import MarconiPolicy, make_policy, register_policy
 from kv_eviction.lru import LRUPolicy
-from vllm_marconi_offload.config import ConfigError, OffloadConfig
+from vllm_marconi_offload.config import CONFIG_FILE_ENV, ConfigError, OffloadConfig
 
 
 def test_defaults_are_single_tier_anonymous_auto() -> None:
@@ -270,3 +270,77 @@ def test_gpu_data_path_environment_is_validated(monkeypatch: pytest.MonkeyPatch)
         ConfigError, match="accepted values are async, direct, async-per-layer, generic"
     ):
         copy_mode_from_env()
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_config_file_gives_the_same_keys_and_inline_keys_win(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(CONFIG_FILE_ENV, raising=False)
+    path = write(
+        tmp_path / "offload.yaml",
+        "cpu_bytes_to_use: 2GiB\neviction_policy: lru\nadmission_threshold: 3\n",
+    )
+    config = OffloadConfig.from_extra_config({"config_file": path, "admission_threshold": 2})
+    assert config.cpu_bytes_to_use == 2 << 30
+    assert config.eviction_policy == "lru"
+    assert config.admission_threshold == 2  # inline wins
+
+
+def test_the_environment_names_the_file_when_config_file_is_not_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CONFIG_FILE_ENV, write(tmp_path / "env.yaml", "load_mode: async\n"))
+    assert OffloadConfig.from_extra_config({}).load_mode == "async"
+    other = write(tmp_path / "other.yaml", "load_mode: same_step\n")
+    assert OffloadConfig.from_extra_config({"config_file": other}).load_mode == "same_step"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("cpu_bytes: 1GiB\n", "{path}: unknown key(s) ['cpu_bytes']; accepted keys: ["),
+        (
+            "cpu_bytes_to_use: lots\n",
+            "{path}: cpu_bytes_to_use must be a byte count in [1, 2^60] such as 8GiB",
+        ),
+        ("load_mode: sync\n", "{path}: load_mode must be one of ['async', 'same_step', 'layer"),
+        ("eviction_policy: fifo\n", "{path}: eviction_policy: eviction policy 'fifo' is unk"),
+        ("l2_pool_path: /l2\n", "{path}: l2_pool_path is set: l2_bytes_to_use must be"),
+        ("config_file: other.yaml\n", "{path}: config_file cannot name another file"),
+        ("- cpu_bytes_to_use\n", "{path}: must hold a mapping of settings (key: value), got list"),
+        ("load_mode: [async\n", "{path}: not valid YAML: "),
+    ],
+)
+def test_a_bad_file_names_the_file_and_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, message: str
+) -> None:
+    monkeypatch.delenv(CONFIG_FILE_ENV, raising=False)
+    path = write(tmp_path / "offload.yaml", text)
+    for extra, env in (({"config_file": path}, None), ({}, path)):
+        if env is not None:
+            monkeypatch.setenv(CONFIG_FILE_ENV, env)
+        with pytest.raises(ConfigError) as excinfo:
+            OffloadConfig.from_extra_config(extra)
+        assert message.format(path=path) in str(excinfo.value)
+        assert "\n" not in str(excinfo.value)
+
+
+def test_an_inline_error_does_not_blame_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(CONFIG_FILE_ENV, raising=False)
+    path = write(tmp_path / "offload.yaml", "load_mode: async\n")
+    with pytest.raises(ConfigError) as excinfo:
+        OffloadConfig.from_extra_config({"config_file": path, "load_mode": "sync"})
+    assert str(excinfo.value).startswith("load_mode must be one of")
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nowhere.yaml")
+    with pytest.raises(ConfigError, match=rf"config_file {missing}: cannot read it: No such"):
+        OffloadConfig.from_extra_config({"config_file": missing})

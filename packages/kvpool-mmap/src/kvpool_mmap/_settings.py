@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import humanfriendly
+import bitmath
 
 from ._errors import ConfigError
 
@@ -31,13 +31,16 @@ _SETTING = "kvpool_mmap.setting"
 def parse_size(text: str) -> int:
     """Bytes in a size such as `8GiB`, `8GB`, `8G`, `8gb` or `8589934592`.
 
-    Every unit is binary (K, KB and KiB all mean 2^10), the rule of every package and CLI
-    of this project. ValueError if `text` is no size.
+    bitmath parses it, every unit binary (K, KB and KiB all mean 2^10): the rule of every
+    package and CLI of this project. ValueError if `text` is no size (or is negative).
     """
     try:
-        return int(humanfriendly.parse_size(text, binary=True))
-    except humanfriendly.InvalidSize:
-        raise ValueError(f"{text!r} is not a size such as {SIZE_EXAMPLES}") from None
+        size = float(bitmath.parse_string(text.strip(), system=bitmath.NIST, strict=False).bytes)
+    except ValueError:
+        size = math.nan
+    if not math.isfinite(size) or size < 0:
+        raise ValueError(f"{text!r} is not a size such as {SIZE_EXAMPLES}")
+    return int(size)
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,13 @@ silently fall back to a default). Errors name the key and the accepted values.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import yaml
 from kv_eviction import validate_policy
 from kvpool_mmap import ConfigError as StoreConfigError
 from kvpool_mmap import L1Overflow, Setting, expose, setting, settings_of, store_settings
@@ -22,6 +25,8 @@ EVICTION_ALIASES = {"eviction_decay": "decay", "eviction_reuse_mode": "reuse_mod
 """The seed's flat keys: aliases of the `marconi` policy's options in `eviction_options`
 (with another policy they are ignored, with a warning: `ignored_keys`)."""
 _STORE = store_settings()
+CONFIG_FILE_ENV = "MARCONI_OFFLOAD_CONFIG"
+"""Names a YAML file of connector settings when `config_file` is not set."""
 
 
 class ConfigError(ValueError):
@@ -110,26 +115,39 @@ class OffloadConfig:
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> OffloadConfig:
-        """Validate `kv_connector_extra_config` and build the settings."""
-        extra = dict(extra or {})
-        unknown = sorted(set(extra) - set(SETTINGS))
-        if unknown:
-            raise ConfigError(
-                f"kv_connector_extra_config: unknown key(s) {unknown}; "
-                f"accepted keys: {sorted(SETTINGS)}"
-            )
+        """Validate `kv_connector_extra_config` (over the keys of its `config_file`, or of
+        the file `MARCONI_OFFLOAD_CONFIG` names) and build the settings."""
+        inline = dict(extra or {})
+        path = inline.pop("config_file", None) or os.environ.get(CONFIG_FILE_ENV) or None
+        from_file = _read_config_file(path) if path is not None else {}
+        merged = {**from_file, **inline}
+
+        def where(*keys: str) -> str:  # the file, if it gave every one of these keys
+            return f"{path}: " if path and all(k not in inline for k in keys) else ""
+
+        _check_keys(inline, "kv_connector_extra_config")
         values = {}
         for name, declared in settings_of(cls).items():
             try:
-                values[name] = declared.check(extra.get(name, declared.default))
+                values[name] = declared.check(merged.get(name, declared.default))
             except StoreConfigError as exc:
-                raise ConfigError(str(exc)) from None
+                raise ConfigError(f"{where(name)}{exc}") from None
         if values["l2_pool_path"] is None and values["l2_bytes_to_use"]:
-            raise ConfigError("l2_bytes_to_use is set but l2_pool_path is not; set both or neither")
+            raise ConfigError(
+                f"{where('l2_bytes_to_use')}l2_bytes_to_use is set but l2_pool_path is not; "
+                "set both or neither"
+            )
         if values["l2_pool_path"] is not None and not values["l2_bytes_to_use"]:
-            raise ConfigError("l2_pool_path is set: l2_bytes_to_use must be a positive byte count")
-        values["eviction_policy"], values["eviction_options"] = _eviction(extra)
-        config = cls(**values, extra=extra)
+            raise ConfigError(
+                f"{where('l2_pool_path')}l2_pool_path is set: l2_bytes_to_use must be a "
+                "positive byte count"
+            )
+        try:
+            values["eviction_policy"], values["eviction_options"] = _eviction(merged)
+        except ConfigError as exc:
+            keys = (*EVICTION_ALIASES, "eviction_policy", "eviction_options")
+            raise ConfigError(f"{where(*(k for k in keys if k in merged))}{exc}") from None
+        config = cls(**values, extra=merged)
         config.warn_ignored_keys()
         return config
 
@@ -164,6 +182,16 @@ class OffloadConfig:
             logger.warning("kv_connector_extra_config: %s is ignored: %s", key, reason)
 
 
+CONFIG_FILE_ENV = "MARCONI_OFFLOAD_CONFIG"
+"""Names a YAML file of connector settings when `config_file` is not set."""
+_CONFIG_FILE = Setting(
+    "text",
+    f"A YAML file of these keys (inline keys win); not set: the file `{CONFIG_FILE_ENV}` "
+    "names, if any.",
+    None,
+    accepts="a path to a YAML file",
+    name="config_file",
+)
 _ALIASES = {
     key: Setting(
         "any",
@@ -174,12 +202,48 @@ _ALIASES = {
     )
     for key, option in EVICTION_ALIASES.items()
 }
-SETTINGS: dict[str, Setting] = {**settings_of(OffloadConfig), **_ALIASES}
+SETTINGS: dict[str, Setting] = {
+    **settings_of(OffloadConfig),
+    **_ALIASES,
+    "config_file": _CONFIG_FILE,
+}
 """Every key of `kv_connector_extra_config`, declared once."""
 USER_KEYS = {s.store_name: key for key, s in SETTINGS.items() if s.store_name}
 """The user's key of each kvpool-mmap setting the connector exposes (for its errors)."""
 _MARCONI_KEYS = tuple(EVICTION_ALIASES)
 _L2_KEYS = ("l2_fsync", "direct_io", "verify_on_open", "l2_read_bytes_per_s", "l1_overflow")
+
+
+def _check_keys(values: Mapping[str, Any], where: str) -> None:
+    """ConfigError naming `where` and the keys of `values` that are no setting."""
+    unknown = sorted(set(values) - set(SETTINGS) - {"config_file"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; accepted keys: {sorted(SETTINGS)}")
+
+
+def _read_config_file(path: str) -> dict[str, Any]:
+    """The settings in the YAML file `path`; ConfigError naming the file otherwise."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"config_file {path}: cannot read it: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(f"{path}: not valid YAML: {problem}{at}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: must hold a mapping of settings (key: value), got {type(data).__name__}"
+        )
+    _check_keys(data, path)
+    if "config_file" in data:
+        raise ConfigError(f"{path}: config_file cannot name another file")
+    return {str(k): v for k, v in data.items()}
 
 
 def _eviction(extra: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

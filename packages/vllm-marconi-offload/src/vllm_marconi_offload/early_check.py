@@ -6,15 +6,19 @@ started (tens of seconds), and a bad key there surfaces as several worker and en
 tracebacks. vLLM has no hook that sees the finished configuration earlier, so the plugin
 wraps `EngineArgs.create_engine_config`, the public method that every entry point
 (`vllm serve`, the OpenAI server, `LLM(...)`, `AsyncLLM`) calls to build it: a bad key
-then stops the program there, once, with our message.
+then stops the program there, once, with our message. If nothing catches it (`vllm
+serve`, a script), the program ends with that message as one line on stderr, not a
+traceback: the first error a user sees names the key, the value and the accepted form.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
+from types import TracebackType
 from typing import Any
 
-from .config import OffloadConfig
+from .config import ConfigError, OffloadConfig
 
 CONNECTOR_NAME = "MarconiOffloadConnector"
 _WRAPPED = "_marconi_offload_checks_config"
@@ -49,8 +53,33 @@ def install() -> None:
     @functools.wraps(original)
     def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
         vllm_config = original(self, *args, **kwargs)
-        check_vllm_config(vllm_config)
+        try:
+            check_vllm_config(vllm_config)
+        except ConfigError:
+            _report_in_one_line()
+            raise
         return vllm_config
 
     setattr(create_engine_config, _WRAPPED, True)
     EngineArgs.create_engine_config = create_engine_config  # type: ignore[method-assign]
+
+
+def _report_in_one_line() -> None:
+    """Make an uncaught ConfigError end the program with one line on stderr (other
+    exceptions still go to the hook that was there)."""
+    previous = sys.excepthook
+    if getattr(previous, _WRAPPED, False):
+        return
+
+    def excepthook(
+        kind: type[BaseException], error: BaseException, tb: TracebackType | None
+    ) -> None:
+        if isinstance(error, ConfigError):
+            print(
+                f"ERROR {CONNECTOR_NAME}: bad kv_connector_extra_config: {error}", file=sys.stderr
+            )
+        else:
+            previous(kind, error, tb)
+
+    setattr(excepthook, _WRAPPED, True)
+    sys.excepthook = excepthook

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
+
+import bitmath
 
 from ..auth import ClockWindow, Signer
 from ..sockio import parse_address
@@ -21,26 +24,23 @@ from .storage import BLOCK_SIZE, Store
 __all__ = ["MemKVServer", "Store", "add_serve_arguments", "main", "parse_size", "serve"]
 
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1 << 10, "kb": 1000, "kib": 1 << 10,
-    "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
-    "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30,
-    "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40,
-}  # fmt: skip
-
-
 def parse_size(text: str) -> int:
-    """`"4GiB"` → bytes. Accepts B, K/KiB/KB, M/MiB/MB, G/GiB/GB, T/TiB/TB."""
-    s = text.strip().lower().replace(" ", "")
-    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(num) :]
-    if unit not in _UNITS or not num:
-        raise ValueError(f"{text!r} is not a size like 4GiB, 512MiB or 1048576")
-    value = float(num)
-    if value < 0:
-        raise ValueError(f"{text!r} is negative")
-    return int(value * _UNITS[unit])
+    """Bytes in a size such as `4GiB`, `4GB`, `4G`, `4gb` or `4294967296`.
+
+    bitmath parses it, every unit binary (K, KB and KiB all mean 2^10): the rule of every
+    package and CLI of this project (kvpool-mmap's `parse_size` is the same). ValueError
+    if `text` is no size (or is negative).
+    """
+    try:
+        size = float(bitmath.parse_string(text.strip(), system=bitmath.NIST, strict=False).bytes)
+    except ValueError:
+        size = math.nan
+    if not math.isfinite(size) or size < 0:
+        raise ValueError(
+            f"{text!r} is not a size such as 8GiB, 8GB, 8G or 8589934592 "
+            "(all binary: 1 GB = 2^30 bytes)"
+        )
+    return int(size)
 
 
 def add_serve_arguments(ap: argparse.ArgumentParser) -> None:

@@ -1,0 +1,68 @@
+"""A bad connector setting stops the real OpenAI server early with one line that names the
+key, the value and the accepted form: the first error the user sees, no traceback."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from conftest import connector_config
+from vllm_env import offline_engine_env
+from vllm_server import VllmServer
+
+pytestmark = [pytest.mark.vllm, pytest.mark.newest]
+
+ERROR_LINE = re.compile(r"\bERROR\b|Error\b|Traceback|\berror:")
+
+
+def first_error(log: str) -> str:
+    """The first line of `log` that reports an error (warnings that mention one aside)."""
+    for line in log.splitlines():
+        if ERROR_LINE.search(line) and "WARNING" not in line and "Warning" not in line:
+            return line
+    return ""
+
+
+@pytest.mark.parametrize(
+    ("extra", "config_file", "named"),
+    [
+        (
+            {"cpu_bytes_to_use": "lots"},
+            None,
+            ["cpu_bytes_to_use must be a byte count in [1, 2^60] such as 8GiB", "got 'lots'"],
+        ),
+        ({}, "load_mode: sync\n", ["{file}: load_mode must be one of [", "got 'sync'"]),
+    ],
+    ids=["inline", "config-file"],
+)
+def test_a_bad_setting_is_the_first_error_in_one_line(
+    tiny_llama: str,
+    tmp_path: Path,
+    extra: dict[str, str],
+    config_file: str | None,
+    named: list[str],
+) -> None:
+    env = offline_engine_env()
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+    file = tmp_path / "offload.yaml"
+    if config_file is not None:
+        file.write_text(config_file)
+        env["MARCONI_OFFLOAD_CONFIG"] = str(file)
+    config = connector_config(**extra)
+    server = VllmServer(tiny_llama, tmp_path / "server.log", kv_transfer_config=config, env=env)
+    started = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="exited early"):
+            server.start(timeout=120)
+    finally:
+        server.stop()
+    seconds = time.monotonic() - started
+    log = server.log_path.read_text()
+    line = first_error(log)
+    print(f"stopped after {seconds:.1f} s with: {line}")
+    for part in named:
+        assert part.format(file=file) in line, log
+    assert line.startswith("ERROR MarconiOffloadConnector: bad kv_connector_extra_config: "), log
+    assert "Traceback" not in log
