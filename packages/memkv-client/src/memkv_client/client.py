@@ -16,7 +16,6 @@ succeeds: its keys read as absent, its items as `TRANSPORT` results with
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import threading
@@ -134,14 +133,7 @@ class Client:
         def factory(timeout: float) -> TcpSession:
             """A session within `timeout` s: connect, HELLO and (RDMA) queue-pair setup."""
             deadline = time.monotonic() + timeout
-            ms = max(1, math.ceil(timeout * 1000))
-            bounded = dataclasses.replace(
-                config,
-                connect_timeout_ms=min(config.connect_timeout_ms, ms),
-                request_timeout_ms=min(config.request_timeout_ms, ms),
-            )
-            session = TcpSession(address, bounded, self._signer, bind)
-            session.deadline = deadline
+            session = TcpSession(address, config, self._signer, bind, deadline)
             if self._rdma is not None:
                 return self._rdma.upgrade(session)  # type: ignore[no-any-return]
             return session

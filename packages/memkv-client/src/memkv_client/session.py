@@ -46,7 +46,14 @@ class TcpSession:
 
     rdma = False  #: one-sided RDMA data path (`batch_xfer` needs it)
 
-    def __init__(self, address: str, config: Config, signer: Signer, bind: str | None = None):
+    def __init__(
+        self,
+        address: str,
+        config: Config,
+        signer: Signer,
+        bind: str | None = None,
+        deadline: float | None = None,
+    ):
         self.address = address
         self._key = signer
         self._signer = signer  # the session key once HELLO is done
@@ -54,9 +61,11 @@ class TcpSession:
         self._last_id = secrets.randbits(32)
         self._timeout = config.request_timeout_ms / 1000
         self.broken = False
-        self.deadline: float | None = None  #: the current call's (monotonic s); bounds every wait
+        self.deadline = deadline  #: the current call's (monotonic s); bounds every wait
         host, port = parse_address(address)
         timeout = config.connect_timeout_ms / 1000
+        if deadline is not None:  # connect, HELLO and AUTH all within it
+            timeout = max(0.001, min(timeout, deadline - time.monotonic()))
         try:
             src = (bind, 0) if bind else None
             self.sock = socket.create_connection((host, port), timeout=timeout, source_address=src)
