@@ -62,6 +62,7 @@ __all__ = [
     "make_transfer_result",
     "new_stats",
     "offloading_connector_cls",
+    "shared_storage_event",
     "vllm_version",
     "warn_if_hashes_differ_per_process",
 ]
@@ -88,6 +89,16 @@ _TIER_INIT_PARAMS = frozenset(inspect.signature(SecondaryTierManager.__init__).p
 
 MEDIUM_CPU: Any = getattr(getattr(_base, "Medium", None), "CPU", None)  # 0.27.1+
 LOCALITY_REMOTE: Any = getattr(getattr(_base, "Locality", None), "REMOTE", None)  # 0.26+
+MEDIUM_STORAGE: Any = getattr(getattr(_base, "Medium", None), "STORAGE", "STORAGE")  # str: 0.26
+
+
+def shared_storage_event(keys: list[Any], removed: bool) -> Any:
+    """vLLM's `OffloadingEvent` for blocks of a shared store (medium STORAGE, REMOTE)."""
+    return _base.OffloadingEvent(
+        keys=keys, medium=MEDIUM_STORAGE, removed=removed, locality=LOCALITY_REMOTE
+    )
+
+
 try:  # 0.32+: where a hit came from; MemKV is a remote store, not this host's memory
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
 

@@ -11,17 +11,20 @@ loaded drops every cached answer, so the recomputing request's next lookup asks 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
 from . import _compat as c
 from ._compat import warn_if_hashes_differ_per_process
+from .kv_events import SharedTierEvents
 from .load_errors import current as current_load_errors
 from .load_store_spec import MemKVLoadStoreSpec
 from .lookup import Answer, BatchedLookup
 from .metrics import TierMetrics
 from .naming import direct_key, prefix_differences, publish_key, split_prefix_record
+from .request_params import loads_from_shared_store, stores_to_shared_store
 from .scheduler_lookup import SchedulerLookup
 from .store import KVStore, open_store
 
@@ -85,22 +88,32 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
     `world_size` worker ranks."""
 
     def __init__(
-        self, cfg: DirectConfig, store_config: StoreConfig, engine_id: str, world_size: int
+        self,
+        cfg: DirectConfig,
+        store_config: StoreConfig,
+        engine_id: str,
+        world_size: int,
+        *,
+        events: bool = False,
     ) -> None:
+        """`events`: report what this engine stores and finds (vLLM's KV events are on)."""
         warn_if_hashes_differ_per_process()
+        self._events = SharedTierEvents() if events else None
         self._kv = open_store(store_config, True, "direct scheduler")
         self._ranks = range(world_size)
         self.prefix = adopt_prefix(
             self._kv, engine_id, len(self._ranks), cfg.memkv_publish_timeout_s
         )
+        progress = threading.Event()
         self._lookup = BatchedLookup(
             self._kv.exists,
             hit_ttl=cfg.memkv_lookup_hit_ttl,
             miss_ttl=cfg.memkv_lookup_miss_ttl,
-            timeout=cfg.memkv_lookup_timeout_s,
+            timeout=min(cfg.memkv_lookup_timeout_s, store_config.stall_budget_s),
             settings_hint=self._kv.settings_hint,
+            progress=progress,
         )
-        self._lookups = SchedulerLookup(self._lookup, TierMetrics())
+        self._lookups = SchedulerLookup(self._lookup, TierMetrics(), progress, self._kv.health)
         load_errors = current_load_errors()  # set under MemKVOffloadingConnector
         if load_errors is not None:
             load_errors.on_scheduler_failure(self._lookup.forget)
@@ -111,7 +124,12 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
         return [direct_key(self.prefix, r, key) for r in self._ranks]
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        return self._lookups.result(self._lookup.query_all(self._names(key)))
+        if not loads_from_shared_store(req_context):
+            return self._lookups.result(Answer.MISS)  # kv_load_tiers leaves MemKV out
+        answer = self._lookup.query_all(self._names(key))
+        if self._events is not None:
+            self._events.on_lookup(key, answer)
+        return self._lookups.result(answer)
 
     def prepare_load(
         self, keys: Collection[OffloadKey], req_context: ReqContext
@@ -127,7 +145,10 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
     def prepare_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput:
-        todo = [k for k in keys if self._lookup.peek_all(self._names(k)) is not Answer.HIT]
+        if not stores_to_shared_store(req_context):
+            todo = []  # offload_priority "low": never written to the shared store
+        else:
+            todo = [k for k in keys if self._lookup.peek_all(self._names(k)) is not Answer.HIT]
         return c.PrepareStoreOutput(
             keys_to_store=todo, store_spec=MemKVLoadStoreSpec(todo), evicted_keys=[]
         )
@@ -138,6 +159,8 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
         # not trusted as 'present' (see the module docstring), but a cached 'absent' from
         # before the store is stale now: ask MemKV again next time
         self._lookup.invalidate(n for k in keys for n in self._names(k))
+        if self._events is not None and success:
+            self._events.present(keys)
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return c.RequestOffloadingContext()
@@ -146,7 +169,8 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
         return None
 
     def take_events(self) -> Iterable[OffloadingEvent]:
-        return ()
+        """What this engine stored to and found in MemKV (`.kv_events`)."""
+        return self._events.take() if self._events is not None else ()
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self._lookups.on_schedule_end()

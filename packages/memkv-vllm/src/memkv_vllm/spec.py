@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from . import _compat as c
 from .config import ConfigError, DirectConfig
 from .direct_manager import MemKVDirectManager
+from .kv_events import events_enabled
 from .load_store_spec import MemKVLoadStoreSpec
 from .metrics import metric_definitions
 from .store import StoreConfig
@@ -64,7 +65,11 @@ class MemKVOffloadingSpec(c.OffloadingSpec):  # type: ignore[misc]
         if self._manager is None:
             parallel = self.config.parallel
             self._manager = MemKVDirectManager(
-                self.cfg, self._store_config(), self.config.engine_id, parallel.world_size
+                self.cfg,
+                self._store_config(),
+                self.config.engine_id,
+                parallel.world_size,
+                events=events_enabled(self),
             )
         return self._manager
 
