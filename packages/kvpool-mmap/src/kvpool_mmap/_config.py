@@ -110,7 +110,10 @@ class StoreConfig:
         accepts="a mapping of the policy's option names to values",
     )
     admission_threshold: int = setting(
-        "int", "A block is stored once begin_store has seen its key this many times.", 1
+        "int",
+        "A block's key must be seen this many times before it is stored (1 admits "
+        "everything; raise it to keep one-shot prompts out).",
+        1,
     )
     admission_max_entries: int = setting(
         "int", "Bound on keys the admission tracker remembers.", 1_000_000
@@ -165,7 +168,7 @@ class StoreConfig:
         "choice",
         "A full L1 in front of L2: `demote` demotes every victim without an L2 copy "
         "and stores no new block until a slot frees; `drop_unwritten` keeps storing and "
-        "drops victims whose L2 write would have to wait (see the README).",
+        "drops victims whose L2 write would have to wait (kvpool-mmap's README, Overloaded L1).",
         "demote",
         choices=L1_OVERFLOW_MODES,
     )

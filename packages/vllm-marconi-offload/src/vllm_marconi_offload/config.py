@@ -46,36 +46,53 @@ class OffloadConfig:
         _STORE["l1.path"],
         default=None,
         optional=True,
-        doc="Directory of the L1 (tmpfs) pool files; not set: a directory of this engine "
-        "instance under /dev/shm, removed when it exits.",
+        doc="Directory of the L1 files (a tmpfs such as /dev/shm for RAM speed); not set: a "
+        "private tmpfs pool whose file names are removed once every vLLM process has it "
+        "mapped, so nothing is left behind however the server exits.",
     )
     cpu_bytes_to_use: int = expose(
         _STORE["l1.bytes_to_use"],
         default=DEFAULT_CPU_BYTES,
-        doc="L1 budget for the whole server, split evenly over data-parallel x "
-        "tensor-parallel ranks; reserved at startup (a tmpfs too small fails then).",
+        doc="L1 budget for the whole server, divided by data-parallel x tensor-parallel "
+        "size (at least one block per rank); reserved up front: a tmpfs too small fails at "
+        "startup, never with SIGBUS later.",
     )
     l2_pool_path: str | None = expose(
-        _STORE["l2.path"], doc="Directory of the L2 (disk) pool files; not set: no L2."
+        _STORE["l2.path"],
+        doc="Directory of the disk tier, set together with `l2_bytes_to_use`; omit both to "
+        "run single-tier.",
     )
     l2_bytes_to_use: int = expose(
         _STORE["l2.bytes_to_use"],
         default=0,
         minimum=0,
         optional=False,
-        doc="L2 budget for the whole server (set with `l2_pool_path`), split as "
-        "`cpu_bytes_to_use` is.",
+        doc="L2 budget for the whole server (at least one block per rank), set together "
+        "with `l2_pool_path`.",
     )
-    eviction_policy: str = expose(_STORE["eviction_policy"])
-    eviction_options: Mapping[str, Any] = expose(_STORE["eviction_options"])
+    eviction_policy: str = expose(
+        _STORE["eviction_policy"],
+        doc="`auto` (self-tuning; why it is the default: see below), `lru` and `marconi` (the "
+        "seed's, unchanged), `doorkeeper-lru`, `doorkeeper-lfu-decay-1`, `probation-lru`, or "
+        "one registered with `kv_eviction.register_policy`.",
+    )
+    eviction_options: Mapping[str, Any] = expose(
+        _STORE["eviction_options"],
+        doc="Checked by `kv_eviction.validate_policy`. `marconi`: `decay`, `reuse_mode`; "
+        "`auto`: its tuning knobs (`sample_budget`, `sample_entries`, `min_epoch`, ...; the "
+        "defaults need no change); `lru` and the named rules: none.",
+    )
     """Options of `eviction_policy`, the flat aliases folded in; kv-eviction validated both."""
     admission_threshold: int = expose(_STORE["admission_threshold"])
     l1_overflow: L1Overflow = expose(_STORE["l1_overflow"])
     load_mode: str = setting(
         "choice",
-        "When a hit's blocks reach the GPU: `same_step` (scheduled at once, the step's "
-        "forward waits for the load), `layer_wise` (as same_step; on CUDA each attention "
-        "layer waits only for its own layer) or `async` (the request waits out of the batch).",
+        "When a hit's blocks reach the GPU: `same_step` (the request joins the batch at once "
+        "and the step's forward waits for the load), `layer_wise` (as `same_step`, but on a "
+        "CUDA worker each attention layer vLLM runs eagerly waits only for its own layer) or "
+        "`async` (the request waits out of the batch until its load has landed). Models with "
+        "state (Mamba, linear-attention) groups always load `async`. `layer_wise` was the "
+        "fastest on an H200 (docs/benchmarks.md).",
         "layer_wise",
         choices=LOAD_MODES,
     )
@@ -84,14 +101,15 @@ class OffloadConfig:
     )
     l2_read_bytes_per_s: float = setting(
         "number",
-        "L2 read bandwidth (bytes/s) assumed until measured: decides whether an L2 hit is "
-        "cheaper to load than to recompute.",
+        "L2 read throughput (bytes/s) assumed until promotions have measured it: decides "
+        "whether an L2 hit is cheaper to load than to recompute (see Load or recompute).",
         1.5e9,
         minimum=1.0,
     )
     prefill_tokens_per_s: float = setting(
         "number",
-        "Prefill throughput (tokens/s) assumed until measured; see `l2_read_bytes_per_s`.",
+        "Prefill throughput (tokens/s) assumed until the scheduler has measured it; `0` means "
+        "unknown: L2 hits are loaded until a prefill has been timed.",
         0.0,
         minimum=0.0,
     )
@@ -99,13 +117,18 @@ class OffloadConfig:
         _STORE["engine_id"],
         default=None,
         optional=True,
-        doc="Names this engine's pool files as it is; not set: the model's name and a "
-        "fingerprint of its layout (stable across restarts).",
+        doc="Names the pool files, used as given; not set: the model's name and a digest of "
+        "model, weights and layout, stable across restarts. Two servers of one model sharing "
+        "a directory need different names (the second is refused at start).",
     )
     l2_fsync: str = expose(_STORE["l2_fsync"])
     direct_io: str = expose(_STORE["direct_io"])
     io_threads: int = expose(_STORE["io_threads"])
-    verify_on_open: bool = expose(_STORE["verify_on_open"])
+    verify_on_open: bool = expose(
+        _STORE["verify_on_open"],
+        doc="Read and checksum every L2 block at start, dropping bad ones (slow; every load "
+        "is verified anyway).",
+    )
     extra: Mapping[str, Any] = field(default_factory=dict)
     """The keys as the user gave them."""
 
@@ -193,14 +216,24 @@ _CONFIG_FILE = Setting(
     name="config_file",
 )
 _ALIASES = {
-    key: Setting(
+    "eviction_decay": Setting(
         "any",
-        f'The `marconi` policy\'s `{option}` (same as `eviction_options["{option}"]`).',
+        'Alias of `eviction_options["decay"]` with `marconi`: exponential decay of a '
+        "block's score per scheduler step (finite, >= 0; marconi's default 0.0); ignored, with "
+        "a warning, with another policy.",
         None,
-        accepts="see kv-eviction's `marconi` options",
-        name=key,
-    )
-    for key, option in EVICTION_ALIASES.items()
+        accepts="a number >= 0",
+        name="eviction_decay",
+    ),
+    "eviction_reuse_mode": Setting(
+        "any",
+        'Alias of `eviction_options["reuse_mode"]` with `marconi`: how hits count (hit '
+        "count, log1p of it, or not at all; marconi's default `linear`); ignored, with a "
+        "warning, with another policy.",
+        None,
+        accepts="one of ['linear', 'log', 'none']",
+        name="eviction_reuse_mode",
+    ),
 }
 SETTINGS: dict[str, Setting] = {
     **settings_of(OffloadConfig),
