@@ -3,6 +3,7 @@
 # registry). Run on the development machine from the repository root (~3-10 min):
 #   bash benchmarks/gpu/build.sh        -> .gpukit/p1/part.aa, .gpukit/p2/part.ab
 # Each part is < 60 MiB, so one part plus the working tree fits one device run.
+# KIT_PARTS=3 cuts it in three (~40 MiB each, .gpukit/p1-p3), leaving room beside a part.
 set -euo pipefail
 repo=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 here="$repo/benchmarks/gpu"
@@ -29,7 +30,12 @@ python3 deps_closure.py cachetools blake3 "fastapi[standard]<0.137.0,>=0.133.0" 
   "opentelemetry-sdk>=1.27.0" "opentelemetry-api>=1.27.0" "opentelemetry-exporter-otlp>=1.27.0" \
   "opentelemetry-semantic-conventions-ai>=0.4.1" "nvtx==0.2.15" "apache-tvm-ffi>=0.1.11"
 tar cf kit.tar vllm.tar.xz deps
-rm -rf "$repo/.gpukit/p1" "$repo/.gpukit/p2" && mkdir -p "$repo/.gpukit/p1" "$repo/.gpukit/p2"
-split -n 2 -d kit.tar part.
-mv part.00 "$repo/.gpukit/p1/part.aa" && mv part.01 "$repo/.gpukit/p2/part.ab"
+parts=${KIT_PARTS:-2}
+rm -rf "$repo"/.gpukit/p[0-9]
+split -n "$parts" -a 2 kit.tar part.
+i=1
+for part in part.*; do
+  mkdir -p "$repo/.gpukit/p$i" && mv "$part" "$repo/.gpukit/p$i/$part"
+  i=$((i + 1))
+done
 ls -la "$repo"/.gpukit/*
