@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU host, after install.sh: engine start-up with a CPU tier of STARTUP_GIB GiB
-# (default 32), three times per mode, alternating native and ours, after one throw-away
+# (default 32), STARTUP_REPEATS times per mode (default 3), alternating native and ours, after one throw-away
 # start that fills the torch.compile cache; the first start of each mode also measures TTFT
 # of a STARTUP_LENGTH-token prompt (default 32768) from HBM and from the CPU tier.
 # PROGRAMS_TRY=N: ours' second start also measures TTFT with
@@ -17,7 +17,7 @@ bench() {  # TAG LIMIT_S MODE GIB [LENGTH]
     | grep -E "^startup |RESULT|Error|Traceback" | cut -c1-900
 }
 bench warm 300 native 4
-for i in 1 2 3; do
+for i in $(seq "${STARTUP_REPEATS:-3}"); do
   for mode in native ours; do
     if [ "$i" = 1 ]; then
       bench "$i" 200 "$mode" "$gib" "$length"
