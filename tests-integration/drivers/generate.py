@@ -50,6 +50,10 @@ def run(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
     }
     if spec.get("kv_transfer_config"):
         kwargs["kv_transfer_config"] = KVTransferConfig(**spec["kv_transfer_config"])
+    if spec.get("kv_events_config"):
+        from vllm.config import KVEventsConfig
+
+        kwargs["kv_events_config"] = KVEventsConfig(**spec["kv_events_config"])
     llm = LLM(**kwargs)
     results = []
     for index, phase in enumerate(spec["phases"]):
