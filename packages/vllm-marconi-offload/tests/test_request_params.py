@@ -85,6 +85,12 @@ def test_a_bad_value_disables_offload_for_the_request_and_says_why(
     assert parsed.offload_blocks(9, BLOCK) == 0
 
 
+def test_kv_transfer_params_that_are_not_an_object_are_refused() -> None:
+    params = RequestParams.from_request(["max_load_tokens", 4])  # type: ignore[arg-type]
+    assert params.error == "kv_transfer_params must be a JSON object; got ['max_load_tokens', 4]"
+    assert not params.loads
+
+
 def test_max_offload_tokens_zero_stores_nothing(engines: Callable[..., Engine]) -> None:
     engine = engines()
     req = with_params(request("a", ["x", "y", "z"]), max_offload_tokens=0)

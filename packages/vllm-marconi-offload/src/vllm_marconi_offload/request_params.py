@@ -65,6 +65,8 @@ class RequestParams:
         """Parse `kv_transfer_params`; a bad value gives `rejected(error)`."""
         if not params:
             return DEFAULT
+        if not isinstance(params, Mapping):
+            return cls.rejected(f"kv_transfer_params must be a JSON object; got {params!r}")
         try:
             return cls.parse(params)
         except RequestParamsError as exc:
