@@ -73,7 +73,8 @@ class TierConfig:
     """Queued store bytes above which new store jobs are shed (an empty backlog always
     admits one job)."""
     lookup_timeout_s: float = 5.0
-    """An `exists` round that has not answered after this long resolves as MISS."""
+    """An `exists` round that has not answered after this long resolves as MISS; never
+    longer than the store's `stall_budget_s`, which bounds every call."""
     lookup_hit_ttl_s: float = 30.0
     """How long a lookup answer of 'present' is reused without asking again."""
     lookup_miss_ttl_s: float = 1.0
@@ -123,13 +124,16 @@ class DirectConfig:
     memkv_scratch_mb_per_thread: int = 128
     """Scratch bytes per thread; bounds the blocks moved per batched call (at most 64)."""
     memkv_wait_timeout_s: float = 120.0
-    """Longest a `wait()` for a transfer may block before the job is failed."""
+    """Backstop for a `wait()` on transfers: each store call in a job already ends within
+    `memkv_stall_budget_s` (plus its bytes at `MIN_TRANSFER_RATE`), and a member that
+    missed it is skipped, so a wait ends about one budget after a member stops."""
     memkv_lookup_hit_ttl: float = 30.0
     """Seconds a 'present' lookup answer is reused."""
     memkv_lookup_miss_ttl: float = 1.0
     """Seconds an 'absent' lookup answer is reused."""
     memkv_lookup_timeout_s: float = 5.0
-    """An `exists` round that has not answered after this long resolves as MISS."""
+    """An `exists` round that has not answered after this long resolves as MISS; never
+    longer than `memkv_stall_budget_s`."""
     memkv_spec_prefix: str = ""
     """Extra namespace folded into the key digest (separates deployments)."""
     memkv_publish_timeout_s: float = 60.0

@@ -11,6 +11,7 @@ loaded drops every cached answer, so the recomputing request's next lookup asks 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
@@ -103,14 +104,16 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
         self.prefix = adopt_prefix(
             self._kv, engine_id, len(self._ranks), cfg.memkv_publish_timeout_s
         )
+        progress = threading.Event()
         self._lookup = BatchedLookup(
             self._kv.exists,
             hit_ttl=cfg.memkv_lookup_hit_ttl,
             miss_ttl=cfg.memkv_lookup_miss_ttl,
-            timeout=cfg.memkv_lookup_timeout_s,
+            timeout=min(cfg.memkv_lookup_timeout_s, store_config.stall_budget_s),
             settings_hint=self._kv.settings_hint,
+            progress=progress,
         )
-        self._lookups = SchedulerLookup(self._lookup, TierMetrics())
+        self._lookups = SchedulerLookup(self._lookup, TierMetrics(), progress, self._kv.health)
         load_errors = current_load_errors()  # set under MemKVOffloadingConnector
         if load_errors is not None:
             load_errors.on_scheduler_failure(self._lookup.forget)

@@ -31,7 +31,7 @@ from . import _compat as c
 from .jobs import JobOutcome, JobRunner
 from .load_errors import current as current_load_errors
 from .naming import direct_key, prefix_record, publish_key, split_prefix_record
-from .store import open_store
+from .store import ItemOutcome, open_store
 
 if TYPE_CHECKING:
     import numpy as np
@@ -60,6 +60,7 @@ class _PartDone:
     nbytes: int = 0
     failed_blocks: list[int] = field(default_factory=list)
     missing: list[bytes] = field(default_factory=list)  # loads: keys MemKV did not have
+    unavailable: list[ItemOutcome] = field(default_factory=list)  # member timed out/down
     network_s: float = 0.0
     copy_s: float = 0.0
 
@@ -209,7 +210,13 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         sent = sum(d.nbytes for d in done)
         failed = sum(len(d.failed_blocks) for d in done)
         self._log_job("store", len(plan), sent, done)
-        if failed:
+        stalled = [o for d in done for o in d.unavailable]
+        if stalled:
+            log.warning(
+                "memkv-vllm: %d of %d blocks dropped, not stored: member %s timed out or is "
+                "down (%s)", len(stalled), len(plan), stalled[0].member, stalled[0].cause,
+            )  # fmt: skip
+        elif failed:
             log.warning("memkv-vllm: %d of %d blocks were not stored", failed, len(plan))
         return JobOutcome(success=not failed, nbytes=sent)
 
@@ -228,6 +235,8 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
                 done.nbytes += n
             else:
                 done.failed_blocks.append(block)
+                if result.unavailable:
+                    done.unavailable.append(result)
         done.network_s = time.perf_counter() - copied
         return done
 
@@ -242,13 +251,20 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
         )
         got = sum(d.nbytes for d in done)
         missing = [name for d in done for name in d.missing]
+        stalled = [o for d in done for o in d.unavailable]
         failed_blocks = [block for d in done for block in d.failed_blocks]
         self._log_job("load", len(plan), got, done)
-        if missing:
+        level = logging.ERROR if self._load_errors is None else logging.INFO
+        if len(missing) > len(stalled):
             log.log(
-                logging.ERROR if self._load_errors is None else logging.INFO,
-                "memkv-vllm: %d of %d blocks vanished from MemKV between lookup and load "
-                "(first: %s)", len(missing), len(plan), missing[0].hex(),
+                level, "memkv-vllm: %d of %d blocks vanished from the store between lookup "
+                "and load (first: %s)", len(missing) - len(stalled), len(plan), missing[0].hex(),
+            )  # fmt: skip
+        if stalled:
+            log.log(
+                max(level, logging.WARNING), "memkv-vllm: %d of %d blocks not loaded: member "
+                "%s timed out or is down (%s)", len(stalled), len(plan), stalled[0].member,
+                stalled[0].cause,
             )  # fmt: skip
         return JobOutcome(success=not missing, failed_keys=failed_blocks, nbytes=got)
 
@@ -268,6 +284,8 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             else:
                 done.missing.append(name)
                 done.failed_blocks.append(block)
+                if result.unavailable:
+                    done.unavailable.append(result)
         copier.scatter(present, after)
         done.copy_s = time.perf_counter() - fetched
         return done

@@ -39,7 +39,17 @@ class Finished:
 
 
 class JobRunner:
-    def __init__(self, n_read: int, n_write: int, max_backlog_bytes: int) -> None:
+    """Runs loads and stores on their own pools; `progress` (optional) is set whenever
+    a job finishes."""
+
+    def __init__(
+        self,
+        n_read: int,
+        n_write: int,
+        max_backlog_bytes: int,
+        progress: threading.Event | None = None,
+    ) -> None:
+        self._progress = progress
         self._reads = ThreadPoolExecutor(n_read, thread_name_prefix="memkv-load")
         self._writes = ThreadPoolExecutor(n_write, thread_name_prefix="memkv-store")
         self._max_backlog = max_backlog_bytes
@@ -84,6 +94,8 @@ class JobRunner:
                 self._done.append(
                     Finished(job_id, is_load, outcome, time.perf_counter() - start, extra=extra)
                 )
+            if self._progress is not None:
+                self._progress.set()
 
         future = pool.submit(run)
         with self._lock:

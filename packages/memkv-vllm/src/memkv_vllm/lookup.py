@@ -34,7 +34,8 @@ class BatchedLookup:
 
     `exists` is the batched probe (`Client.exists`: names -> presence flags); a 'present'
     answer is reused for `hit_ttl` seconds, an 'absent' one for `miss_ttl`; a round still
-    unanswered after `timeout` seconds resolves as absent.
+    unanswered after `timeout` seconds resolves as absent. `progress` (optional) is set
+    whenever a round ends, for a scheduler that waits instead of spinning.
     """
 
     MAX_CACHED = 1 << 20
@@ -48,8 +49,10 @@ class BatchedLookup:
         timeout: float,
         settings_hint: str,
         clock: Callable[[], float] = time.monotonic,
+        progress: threading.Event | None = None,
     ) -> None:
         self._exists = exists
+        self._progress = progress
         self._settings_hint = settings_hint
         self._hit_ttl = hit_ttl
         self._miss_ttl = miss_ttl
@@ -95,6 +98,9 @@ class BatchedLookup:
             self._queued.clear()
             self._round_started = self._clock()
             self._round = self._executor.submit(self._exists, list(self._inflight))
+            progress = self._progress
+            if progress is not None:
+                self._round.add_done_callback(lambda _: progress.set())
             self.rounds += 1
 
     def mark(self, names: Iterable[bytes], present: bool, ttl: float | None = None) -> None:

@@ -14,10 +14,14 @@ from typing import TYPE_CHECKING
 from .lookup import Answer
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
         OffloadingConnectorStats,
     )
     from vllm.v1.kv_offload.base import OffloadingMetricMetadata
+
+    from .store import MemberState
 
 __all__ = ["METRICS", "TierMetrics", "metric_definitions"]
 
@@ -30,6 +34,9 @@ JOBS_FAILED = PREFIX + "jobs_failed"
 STORE_SHEDS = PREFIX + "store_sheds"
 LOOKUPS = PREFIX + "lookups"
 LOOKUP_ROUNDS = PREFIX + "lookup_rounds"
+UNAVAILABLE = PREFIX + "unavailable_blocks"
+MEMBER_DOWN = PREFIX + "member_down"
+MEMBER_UP = PREFIX + "member_up"
 
 # name -> (kind, documentation, label names)
 METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -46,6 +53,14 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ("result",),
     ),
     LOOKUP_ROUNDS: ("counter", "Batched exists rounds sent to MemKV.", ()),
+    UNAVAILABLE: (
+        "counter",
+        "Chunks not loaded (recomputed) or not stored (dropped) because their member missed "
+        "the stall budget or was skipped as down, by op.",
+        ("op",),
+    ),
+    MEMBER_DOWN: ("counter", "Times a member was marked down (missed a deadline).", ("member",)),
+    MEMBER_UP: ("counter", "Times a down member answered a probe and serves again.", ("member",)),
 }
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -76,6 +91,7 @@ class TierMetrics:
         self._samples: dict[tuple[str, tuple[str, ...]], list[float]] = defaultdict(list)
         # lifetime totals, for logs and tests
         self.totals: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
+        self._seen: dict[str, tuple[int, int]] = {}  # member -> (went_down, came_up)
 
     def inc(self, name: str, value: float = 1, labels: tuple[str, ...] = ()) -> None:
         if not value:
@@ -83,6 +99,14 @@ class TierMetrics:
         with self._lock:
             self._counters[(name, labels)] += value
             self.totals[(name, labels)] += value
+
+    def count_health(self, states: Iterable[MemberState]) -> None:
+        """Count each member's down/up transitions since the last call."""
+        for state in states:
+            down, up = self._seen.get(state.address, (0, 0))
+            self.inc(MEMBER_DOWN, state.went_down - down, (state.address,))
+            self.inc(MEMBER_UP, state.came_up - up, (state.address,))
+            self._seen[state.address] = (state.went_down, state.came_up)
 
     def count_lookup(self, answer: Answer) -> None:
         """Count one lookup by its final answer; PENDING (vLLM retries) is not final."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -32,12 +33,13 @@ from .metrics import (
     LOAD_BYTES,
     STORE_BYTES,
     STORE_SHEDS,
+    UNAVAILABLE,
     TierMetrics,
     metric_definitions,
 )
 from .naming import TierNamer
 from .scheduler_lookup import SchedulerLookup
-from .store import StoreConfig, open_store, store_keys
+from .store import ItemOutcome, StoreConfig, open_store, store_keys
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
@@ -104,17 +106,24 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
         c.warn_if_hashes_differ_per_process()
         self._kv = open_store(store_config, self.cfg.probe_servers, "tier")
         self._kv.register(self._rows)  # the CPU pool: zero-copy transfers where possible
+        progress = threading.Event()
         self._lookup = BatchedLookup(
             self._kv.exists,
             hit_ttl=self.cfg.lookup_hit_ttl_s,
             miss_ttl=self.cfg.lookup_miss_ttl_s,
-            timeout=self.cfg.lookup_timeout_s,
+            timeout=min(self.cfg.lookup_timeout_s, store_config.stall_budget_s),
             settings_hint=self._kv.settings_hint,
+            progress=progress,
         )
         self._metrics = TierMetrics()
-        self._lookups = SchedulerLookup(self._lookup, self._metrics)
         self._jobs = JobRunner(
-            self.cfg.n_read_threads, self.cfg.n_write_threads, self.cfg.max_store_backlog_mb << 20
+            self.cfg.n_read_threads,
+            self.cfg.n_write_threads,
+            self.cfg.max_store_backlog_mb << 20,
+            progress,
+        )
+        self._lookups = SchedulerLookup(
+            self._lookup, self._metrics, progress, self._kv.health, self._jobs.pending
         )
         self._events = SharedTierEvents() if events_enabled(offloading_spec) else None
         self._write_config_record(offloading_spec)
@@ -165,14 +174,16 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
         present = self._kv.exists(names)
         ok = {i for i, p in enumerate(present) if p}
         todo = [i for i, p in enumerate(present) if not p]
-        sent = 0
+        sent = dropped = 0
         for part in _chunks(todo, self.cfg.blocks_per_op):
             items = [(names[i], self._rows[slots[i]], self._row_bytes) for i in part]
             for i, result in zip(part, self._kv.batch_put(items), strict=True):
                 if result.ok:
                     ok.add(i)
                     sent += self._row_bytes
+                dropped += result.unavailable
         self._lookup.mark([names[i] for i in ok], True)
+        self._metrics.inc(UNAVAILABLE, dropped, ("store",))
         self._metrics.inc(STORE_BYTES, sent)
         self._metrics.inc(BLOCKS, len(todo), ("store",))
         return JobOutcome(
@@ -187,19 +198,35 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
 
     def _load(self, keys: list[OffloadKey], names: list[bytes], slots: np.ndarray) -> JobOutcome:
         ok: list[int] = []
-        failed: list[int] = []
+        gone: list[int] = []
+        stalled: dict[int, ItemOutcome] = {}
         for part in _chunks(list(range(len(keys))), self.cfg.blocks_per_op):
             items = [(names[i], self._rows[slots[i]], self._row_bytes) for i in part]
             for i, result in zip(part, self._kv.batch_get_into(items), strict=True):
-                (ok if result.ok else failed).append(i)
-        if failed:
+                if result.ok:
+                    ok.append(i)
+                elif result.unavailable:
+                    stalled[i] = result
+                else:
+                    gone.append(i)
+        if gone:
             # gone between lookup and load (evicted, server restarted): read as absent for
             # a while so vLLM recomputes instead of asking again
-            self._lookup.mark([names[i] for i in failed], False, self.cfg.load_failure_ttl_s)
+            self._lookup.mark([names[i] for i in gone], False, self.cfg.load_failure_ttl_s)
             log.warning(
                 "memkv-vllm: %d of %d chunks could not be loaded (first: %s); vLLM recomputes",
-                len(failed), len(keys), names[failed[0]].decode(errors="replace"),
+                len(gone), len(keys), names[gone[0]].decode(errors="replace"),
             )  # fmt: skip
+        if stalled:
+            # still stored, most likely: absent only until the next lookup asks again
+            self._lookup.mark([names[i] for i in stalled], False)
+            self._metrics.inc(UNAVAILABLE, len(stalled), ("load",))
+            first = next(iter(stalled.values()))
+            log.warning(
+                "memkv-vllm: %d of %d chunks not loaded: member %s timed out or is down "
+                "(%s); vLLM recomputes them", len(stalled), len(keys), first.member, first.cause,
+            )  # fmt: skip
+        failed = gone + list(stalled)
         nbytes = len(ok) * self._row_bytes
         self._metrics.inc(LOAD_BYTES, nbytes)
         self._metrics.inc(BLOCKS, len(ok), ("load",))

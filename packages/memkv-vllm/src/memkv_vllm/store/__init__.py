@@ -7,16 +7,18 @@ Backends live in their own modules (`.memkv`, `.mooncake`), imported only when n
 
 from __future__ import annotations
 
-from .protocol import OK, Item, ItemOutcome, KVStore, StoreCounters
+from .protocol import OK, Item, ItemOutcome, KVStore, MemberState, StoreCounters
 from .registry import BACKENDS, backend_class, register_backend
-from .settings import StoreConfig, store_keys
+from .settings import MIN_TRANSFER_RATE, StoreConfig, store_keys
 
 __all__ = [
     "BACKENDS",
+    "MIN_TRANSFER_RATE",
     "OK",
     "Item",
     "ItemOutcome",
     "KVStore",
+    "MemberState",
     "StoreConfig",
     "StoreCounters",
     "open_store",

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..rdma_nic import rank_nic
-from .protocol import Item, ItemOutcome, StoreCounters
+from .protocol import Item, ItemOutcome, MemberState, StoreCounters
 from .settings import read_sources
 
 if TYPE_CHECKING:
@@ -31,7 +31,12 @@ log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 
 
 def _outcome(result: Any) -> ItemOutcome:
-    return ItemOutcome(bool(result), str(getattr(result, "cause", "")))
+    unavailable = bool(result.timed_out or result.member_down)
+    return ItemOutcome(bool(result), str(result.cause), result.member, unavailable)
+
+
+def _nbytes(items: list[Item]) -> int:
+    return sum(length for _, _, length in items)
 
 
 def servers_source(env: Mapping[str, str] = os.environ) -> str:
@@ -83,6 +88,7 @@ class MemKVStore:
         sysfs: str | Path = "/sys",
     ) -> None:
         self._client = _client(config.sources or read_sources(), gpu, sysfs)
+        self._config = config
         self._counters = StoreCounters()
         if probe:
             self._probe(who)
@@ -95,7 +101,9 @@ class MemKVStore:
         servers = self._client.servers()
         for server in servers:
             try:
-                self._client.exists_on(server, [b"memkv-vllm/probe"])
+                self._client.exists_on(
+                    server, [b"memkv-vllm/probe"], timeout=self._config.deadline_s()
+                )
             except Exception as exc:
                 self._client.close()
                 raise RuntimeError(
@@ -115,33 +123,42 @@ class MemKVStore:
 
     def exists(self, keys: list[bytes]) -> list[bool]:
         self._counters.add(exists_keys=len(keys))
-        return [bool(x) for x in self._client.exists(keys)]
+        return [bool(x) for x in self._client.exists(keys, timeout=self._config.deadline_s())]
 
     def register(self, buffer: Any) -> None:
         return None  # the client moves any buffer in place; RDMA registration is its own
 
     def batch_put(self, items: list[Item]) -> list[ItemOutcome]:
-        out = [_outcome(r) for r in self._client.batch_put_views(items)]
+        timeout = self._config.deadline_s(_nbytes(items))
+        out = [_outcome(r) for r in self._client.batch_put_views(items, timeout=timeout)]
         self._counters.count_puts(out, items)
         return out
 
     def batch_get_into(self, items: list[Item]) -> list[ItemOutcome]:
-        out = [_outcome(r) for r in self._client.batch_get_into(items)]
+        timeout = self._config.deadline_s(_nbytes(items))
+        out = [_outcome(r) for r in self._client.batch_get_into(items, timeout=timeout)]
         self._counters.count_gets(out, items)
         return out
 
     def delete(self, keys: list[bytes]) -> list[ItemOutcome]:
-        return [ItemOutcome(bool(self._client.delete(k)), "") for k in keys]
+        timeout = self._config.deadline_s()
+        return [ItemOutcome(bool(self._client.delete(k, timeout=timeout))) for k in keys]
 
     def put_record(self, key: bytes, data: bytes) -> None:
-        self._client.put(key, data)
+        self._client.put(key, data, timeout=self._config.deadline_s(len(data)))
 
     def get_record(self, key: bytes) -> bytes | None:
-        value: bytes | None = self._client.get(key)
+        value: bytes | None = self._client.get(key, timeout=self._config.deadline_s())
         return value
 
     def stats(self) -> dict[str, Any]:
         return {"backend": self.backend, **self._counters.snapshot()}
+
+    def health(self) -> list[MemberState]:
+        return [
+            MemberState(m.address, m.up, m.went_down, m.came_up)
+            for m in self._client.member_health()
+        ]
 
     def close(self) -> None:
         self._client.close()

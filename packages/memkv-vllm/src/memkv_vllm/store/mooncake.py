@@ -1,9 +1,12 @@
 """`MooncakeStore`: the store interface over Mooncake Store (`mooncake.store`).
 
-Zero-copy where Mooncake allows it: buffers announced with `MooncakeStore.register`
-(the tier's CPU pool, the direct worker's scratch) are registered with the transfer engine
-once, and batches over them go through `batch_put_from` / `batch_get_into` by address.
-Anything else (small records) goes through Mooncake's copying `put` / `get`.
+Mooncake's client has no per-call deadline and cannot cancel a call, so every call runs
+under a `.guard.MemberGuard` (the stall budget; a missed deadline skips the backend until
+a probe of the master answers). Batches move through this store's own registered
+staging buffers (`batch_put_from` / `batch_get_into` by address, one memory copy on our
+side): a call that missed its deadline may still run inside Mooncake's transfer engine
+later, and it must never read or write memory the caller has reused by then. Small
+records go through Mooncake's copying `put` / `get`.
 
 Mooncake keys are strings: printable ASCII keys (the tier's names) are used as they are,
 binary keys (the direct mode's) as `mkvh:<hex>`. Mooncake values are immutable (a put of
@@ -23,7 +26,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..rdma_nic import rank_nic
-from .protocol import Item, ItemOutcome, StoreCounters
+from .guard import MemberGuard, MemberUnavailableError
+from .protocol import Item, ItemOutcome, MemberState, StoreCounters
 
 if TYPE_CHECKING:
     from .settings import StoreConfig
@@ -32,6 +36,8 @@ __all__ = ["MooncakeStore", "mooncake_key"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 
+SETUP_DEADLINE_S = 30.0  # connecting to the master at startup (retries included)
+PROBE_KEY = "memkv-vllm/probe"
 PROTOCOLS = ("tcp", "rdma")
 METADATA_SCHEMES = ("http://", "etcd://", "redis://", "P2PHANDSHAKE")
 
@@ -63,15 +69,40 @@ def _cause(code: int) -> str:
     return _CAUSES.get(code, f"Mooncake error {code}")
 
 
-def _address(buffer: Any) -> tuple[int, int]:
-    array = np.frombuffer(buffer, dtype=np.uint8)
-    return int(array.ctypes.data), int(array.nbytes)
-
-
 def _rdma_devices(config: StoreConfig, gpu: int | None) -> str:
     if config.mooncake_protocol != "rdma" or config.mooncake_rdma_devices:
         return config.mooncake_rdma_devices
     return rank_nic(gpu) or ""  # "": Mooncake discovers the devices itself
+
+
+class _Staging:
+    """Registered buffers lent to one call each; reused once the call is over."""
+
+    MIN_BYTES = 1 << 20
+
+    def __init__(self, register: Any) -> None:
+        self._register = register
+        self._lock = threading.Lock()
+        self._free: list[np.ndarray] = []
+        self.buffers: list[np.ndarray] = []
+
+    def acquire(self, nbytes: int) -> np.ndarray:
+        with self._lock:
+            for i, buf in enumerate(self._free):
+                if buf.nbytes >= nbytes:
+                    return self._free.pop(i)
+        size = max(self.MIN_BYTES, 1 << (max(nbytes, 1) - 1).bit_length())
+        buf = np.empty(size, dtype=np.uint8)
+        rc = self._register(int(buf.ctypes.data), size)
+        if rc != 0:
+            raise RuntimeError(f"Mooncake register_buffer({size} bytes) failed ({rc})")
+        with self._lock:
+            self.buffers.append(buf)
+        return buf
+
+    def release(self, buf: np.ndarray) -> None:
+        with self._lock:
+            self._free.append(buf)
 
 
 class MooncakeStore:
@@ -124,16 +155,18 @@ class MooncakeStore:
             # advertise the transfer endpoint on the address we register under
             os.environ.setdefault("MC_TCP_BIND_ADDRESS", config.mooncake_local_hostname)
         self._store = MooncakeDistributedStore()
-        rc = self._store.setup(
-            hostname,
-            config.mooncake_metadata_server,
-            config.mooncake_segment_mb << 20,
-            config.mooncake_buffer_mb << 20,
-            config.mooncake_protocol,
-            _rdma_devices(config, gpu),
-            config.mooncake_master,
+        self._guard = MemberGuard(
+            config.mooncake_master, "Mooncake Store (master)", self._probe, config.stall_budget_s
         )
+        setup = (hostname, config.mooncake_metadata_server, config.mooncake_segment_mb << 20,
+                 config.mooncake_buffer_mb << 20, config.mooncake_protocol,
+                 _rdma_devices(config, gpu), config.mooncake_master)  # fmt: skip
+        try:
+            rc = self._guard.run("setup", lambda: self._store.setup(*setup), SETUP_DEADLINE_S)
+        except MemberUnavailableError:
+            rc = -901  # the master did not answer in time
         if rc != 0:
+            self._guard.close()
             raise RuntimeError(
                 f"memkv-vllm ({who}): Mooncake Store setup failed ({_cause(rc)}); check "
                 f"mooncake_master={config.mooncake_master!r} and mooncake_metadata_server="
@@ -142,10 +175,14 @@ class MooncakeStore:
             )
         self._replicate = ReplicateConfig()
         self._replicate.replica_num = config.mooncake_replicas
-        self._lock = threading.Lock()
-        self._regions: list[tuple[int, int]] = []  # (start, end) of registered buffers
+        self._staging = _Staging(self._store.register_buffer)
         self._counters = StoreCounters()
-        self._warned_copy = False
+
+    def _probe(self) -> None:
+        """Raise unless the master answers an existence query."""
+        (code,) = self._store.batch_is_exist([PROBE_KEY])
+        if code < 0:
+            raise RuntimeError(_cause(code))
 
     def describe(self) -> str:
         c = self.config
@@ -159,110 +196,115 @@ class MooncakeStore:
     def has_rdma(self) -> bool:
         return self.config.mooncake_protocol == "rdma"
 
-    # --- buffers ----------------------------------------------------------------------
-
     def register(self, buffer: Any) -> None:
-        start, size = _address(buffer)
-        rc = self._store.register_buffer(start, size)
-        if rc != 0:
-            log.warning("memkv-vllm: Mooncake register_buffer(%d bytes) failed (%d); "
-                        "transfers from it will copy", size, rc)  # fmt: skip
-            return
-        with self._lock:
-            self._regions.append((start, start + size))
-
-    def _split(self, items: list[Item]) -> tuple[list[int], list[int], list[int]]:
-        """Positions of registered items, their addresses, and positions of the rest."""
-        with self._lock:
-            regions = list(self._regions)
-        fast, addrs, slow = [], [], []
-        for i, (_, buffer, length) in enumerate(items):
-            start, size = _address(buffer)
-            if size >= length and any(s <= start and start + length <= e for s, e in regions):
-                fast.append(i)
-                addrs.append(start)
-            else:
-                slow.append(i)
-        if slow and not self._warned_copy:
-            self._warned_copy = True
-            log.warning("memkv-vllm: Mooncake transfers from unregistered memory copy "
-                        "(register the buffer for zero-copy)")  # fmt: skip
-        return fast, addrs, slow
+        return None  # transfers stage through this store's own registered buffers
 
     # --- data path --------------------------------------------------------------------
 
+    def _unavailable(self, n: int, exc: MemberUnavailableError) -> list[ItemOutcome]:
+        return [ItemOutcome(False, str(exc), exc.address, True)] * n
+
     def exists(self, keys: list[bytes]) -> list[bool]:
         self._counters.add(exists_keys=len(keys))
-        codes = self._store.batch_is_exist([mooncake_key(k) for k in keys])
+        names = [mooncake_key(k) for k in keys]
+        try:
+            codes = self._guard.run(
+                "exists", lambda: self._store.batch_is_exist(names), self.config.deadline_s()
+            )
+        except MemberUnavailableError:
+            codes = [0] * len(keys)
         if any(c < 0 for c in codes):
             self._counters.add(exists_errors=1)
         return [c == 1 for c in codes]
 
+    def _staged(self, items: list[Item]) -> tuple[np.ndarray, list[int], list[int]]:
+        """A staging buffer for `items`, and each item's offset and length in it."""
+        lengths = [length for _, _, length in items]
+        offsets = [sum(lengths[:i]) for i in range(len(lengths))]
+        return self._staging.acquire(sum(lengths)), offsets, lengths
+
     def batch_put(self, items: list[Item]) -> list[ItemOutcome]:
-        out = [ItemOutcome(False, "not attempted")] * len(items)
-        fast, addrs, slow = self._split(items)
-        if fast:
-            codes = self._store.batch_put_from(
-                [mooncake_key(items[i][0]) for i in fast],
-                addrs,
-                [items[i][2] for i in fast],
-                self._replicate,
+        stage, offsets, lengths = self._staged(items)
+        for (_, buffer, length), at in zip(items, offsets, strict=True):
+            stage[at : at + length] = np.frombuffer(buffer, dtype=np.uint8)[:length]
+        names = [mooncake_key(key) for key, _, _ in items]
+        addrs = [int(stage.ctypes.data) + at for at in offsets]
+        try:
+            codes = self._guard.run(
+                "put",
+                lambda: self._store.batch_put_from(names, addrs, lengths, self._replicate),
+                self.config.deadline_s(sum(lengths)),
+                lambda: self._staging.release(stage),
             )
-            for i, code in zip(fast, codes, strict=True):
-                out[i] = ItemOutcome(True) if code == 0 else ItemOutcome(False, _cause(code))
-        for i in slow:
-            key, buffer, length = items[i]
-            data = np.frombuffer(buffer, dtype=np.uint8)[:length]
-            code = self._store.put(mooncake_key(key), data, self._replicate)
-            out[i] = ItemOutcome(True) if code == 0 else ItemOutcome(False, _cause(code))
+        except MemberUnavailableError as exc:
+            out = self._unavailable(len(items), exc)
+        else:
+            self._staging.release(stage)
+            out = [ItemOutcome(True) if c == 0 else ItemOutcome(False, _cause(c)) for c in codes]
         self._counters.count_puts(out, items)
         return out
 
     def batch_get_into(self, items: list[Item]) -> list[ItemOutcome]:
-        out = [ItemOutcome(False, "not attempted")] * len(items)
-        fast, addrs, slow = self._split(items)
-        if fast:
-            codes = self._store.batch_get_into(
-                [mooncake_key(items[i][0]) for i in fast], addrs, [items[i][2] for i in fast]
+        stage, offsets, lengths = self._staged(items)
+        names = [mooncake_key(key) for key, _, _ in items]
+        addrs = [int(stage.ctypes.data) + at for at in offsets]
+        try:
+            codes = self._guard.run(
+                "get",
+                lambda: self._store.batch_get_into(names, addrs, lengths),
+                self.config.deadline_s(sum(lengths)),
+                lambda: self._staging.release(stage),
             )
-            for i, code in zip(fast, codes, strict=True):
-                length = items[i][2]
-                out[i] = (
-                    ItemOutcome(True)
-                    if code == length
-                    else ItemOutcome(False, _cause(code) if code < 0 else f"{code} bytes stored")
-                )
-        for i in slow:
-            key, buffer, length = items[i]
-            data = self._store.get(mooncake_key(key))
-            if len(data) == length:
-                np.frombuffer(buffer, dtype=np.uint8)[:length] = np.frombuffer(data, np.uint8)
-                out[i] = ItemOutcome(True)
-            else:
-                out[i] = ItemOutcome(False, "not found" if not data else f"{len(data)} bytes")
+        except MemberUnavailableError as exc:
+            out = self._unavailable(len(items), exc)
+        else:
+            out = []
+            for (_, buffer, length), at, code in zip(items, offsets, codes, strict=True):
+                if code == length:
+                    np.frombuffer(buffer, dtype=np.uint8)[:length] = stage[at : at + length]
+                    out.append(ItemOutcome(True))
+                else:
+                    cause = _cause(code) if code < 0 else f"{code} bytes stored"
+                    out.append(ItemOutcome(False, cause))
+            self._staging.release(stage)
         self._counters.count_gets(out, items)
         return out
 
     def delete(self, keys: list[bytes]) -> list[ItemOutcome]:
-        codes = self._store.batch_remove([mooncake_key(k) for k in keys])
+        names = [mooncake_key(k) for k in keys]
+        try:
+            codes = self._guard.run(
+                "remove", lambda: self._store.batch_remove(names), self.config.deadline_s()
+            )
+        except MemberUnavailableError as exc:
+            return self._unavailable(len(keys), exc)
         return [ItemOutcome(True) if c == 0 else ItemOutcome(False, _cause(c)) for c in codes]
 
     def put_record(self, key: bytes, data: bytes) -> None:
-        code = self._store.put(mooncake_key(key), data, self._replicate)
+        code = self._guard.run(
+            "put",
+            lambda: self._store.put(mooncake_key(key), data, self._replicate),
+            self.config.deadline_s(len(data)),
+        )
         if code != 0:
             raise RuntimeError(f"memkv-vllm: Mooncake put of {key!r} failed: {_cause(code)}")
 
     def get_record(self, key: bytes) -> bytes | None:
-        data = self._store.get(mooncake_key(key))
+        data = self._guard.run(
+            "get", lambda: self._store.get(mooncake_key(key)), self.config.deadline_s()
+        )
         return bytes(data) if data else None
 
     def stats(self) -> dict[str, Any]:
         return {"backend": self.backend, "master": self.config.mooncake_master,
+                "deadline_misses": self._guard.deadline_misses, "skipped": self._guard.skipped,
                 **self._counters.snapshot()}  # fmt: skip
 
+    def health(self) -> list[MemberState]:
+        return [self._guard.state()]
+
     def close(self) -> None:
-        with self._lock:
-            regions, self._regions = self._regions, []
-        for start, _ in regions:
-            self._store.unregister_buffer(start)
+        self._guard.close()
+        for buf in self._staging.buffers:
+            self._store.unregister_buffer(int(buf.ctypes.data))
         self._store.close()

@@ -14,23 +14,40 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple, Protocol
 
-__all__ = ["OK", "Item", "ItemOutcome", "KVStore", "StoreCounters"]
+__all__ = ["OK", "Item", "ItemOutcome", "KVStore", "MemberState", "StoreCounters"]
 
 Item = tuple[bytes, Any, int]
 """`(key, buffer, length)`: a writable (get) or readable (put) buffer of `length` bytes."""
 
 
 class ItemOutcome(NamedTuple):
-    """What happened to one item of a batch; truthy only when `ok`."""
+    """What happened to one item of a batch; truthy only when `ok`.
+
+    `unavailable`: not done because `member` missed the call's deadline or is skipped
+    as down (the value may well be there; a timeout, not a miss).
+    """
 
     ok: bool
     cause: str = ""
+    member: str = ""
+    unavailable: bool = False
 
     def __bool__(self) -> bool:
         return self.ok
 
 
 OK = ItemOutcome(True)
+
+
+class MemberState(NamedTuple):
+    """One member of a store (a server, a master) as its client sees it."""
+
+    address: str
+    up: bool
+    went_down: int = 0
+    """Transitions to down since the store was opened."""
+    came_up: int = 0
+    """Transitions back to up."""
 
 
 @dataclass
@@ -45,6 +62,8 @@ class StoreCounters:
     get_ok: int = 0
     get_missed: int = 0
     get_bytes: int = 0
+    unavailable: int = 0
+    """Items not done because their member timed out or was skipped as down."""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -60,15 +79,22 @@ class StoreCounters:
 
     def count_puts(self, outcomes: Sequence[ItemOutcome], items: Sequence[Item]) -> None:
         good = [item[2] for item, o in zip(items, outcomes, strict=True) if o]
-        self.add(put_ok=len(good), put_failed=len(items) - len(good), put_bytes=sum(good))
+        self.add(put_ok=len(good), put_failed=len(items) - len(good), put_bytes=sum(good),
+                 unavailable=sum(o.unavailable for o in outcomes))  # fmt: skip
 
     def count_gets(self, outcomes: Sequence[ItemOutcome], items: Sequence[Item]) -> None:
         good = [item[2] for item, o in zip(items, outcomes, strict=True) if o]
-        self.add(get_ok=len(good), get_missed=len(items) - len(good), get_bytes=sum(good))
+        self.add(get_ok=len(good), get_missed=len(items) - len(good), get_bytes=sum(good),
+                 unavailable=sum(o.unavailable for o in outcomes))  # fmt: skip
 
 
 class KVStore(Protocol):
     """A shared KV value store. Thread-safe; every batch call answers per item, in order.
+
+    Every call returns within its deadline, `StoreConfig.deadline_s(bytes moved)`. A
+    member that misses one is skipped as down (its keys read as absent, its items are
+    `unavailable`) until a background probe finds it answering again; `health` reports
+    each member. A call that returned never touches the caller's buffers afterwards.
 
     Values are immutable: a put of a key that is present may keep the old value (both
     backends' values are content-addressed here, so that is harmless). A get fills the
@@ -121,6 +147,10 @@ class KVStore(Protocol):
 
     def stats(self) -> dict[str, Any]:
         """Counters of this process's operations plus what the backend reports."""
+        ...
+
+    def health(self) -> list[MemberState]:
+        """Every member this store talks to, up or down (cheap: no network)."""
         ...
 
     def close(self) -> None: ...

@@ -31,13 +31,21 @@ from memkv_client import ConfigSources
 from ..errors import ConfigError
 from .registry import backend_class, backend_names
 
-__all__ = ["StoreConfig", "read_sources", "store_keys"]
+__all__ = ["MIN_TRANSFER_RATE", "StoreConfig", "read_sources", "store_keys"]
+
+MIN_TRANSFER_RATE = 256 << 20
+"""Bytes per second a data call is granted on top of the stall budget."""
 
 
 @dataclass(frozen=True)
 class StoreConfig:
     """The store settings shared by both modes (keys as written in YAML and tier entries)."""
 
+    stall_budget_s: float = 1.0
+    """The longest the engine waits on the store in one call (seconds; 0.01-60): a lookup
+    round unanswered by then is a miss, a load that misses it is recomputed, a store is
+    dropped. Calls that move data get `MIN_TRANSFER_RATE` on top for their bytes. A
+    member that missed it is skipped until a background probe answers."""
     backend: str = "memkv"
     """`memkv` (`memkv serve` cluster), `mooncake` (Mooncake Store), or another backend's
     `package.module:Class` (see `.registry`)."""
@@ -65,7 +73,11 @@ class StoreConfig:
     """Where `resolve` read `MEMKV_CONFIG` / `MEMKV_*` (None: not resolved; read anew)."""
 
     RANGES = {"mooncake_segment_mb": (0, 1 << 24), "mooncake_buffer_mb": (16, 1 << 20),
-              "mooncake_replicas": (1, 16)}  # fmt: skip
+              "mooncake_replicas": (1, 16), "stall_budget_s": (0.01, 60)}  # fmt: skip
+
+    def deadline_s(self, nbytes: int = 0) -> float:
+        """The deadline of one call that moves `nbytes` bytes (seconds)."""
+        return self.stall_budget_s + nbytes / MIN_TRANSFER_RATE
 
     @classmethod
     def resolve(
@@ -125,13 +137,16 @@ def _convert(name: str, kind: Any, raw: Any, where: str, key: str) -> Any:
         if not isinstance(raw, str):
             raise ConfigError(where, key, f"got {raw!r}; accepted: a string")
         return raw.strip()
-    if isinstance(raw, bool) or not isinstance(raw, int | str):
-        raise ConfigError(where, key, f"got {raw!r}; accepted: an integer")
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(where, key, f"got {raw!r}; accepted: an integer") from None
+    number, form = (float, "a number") if str(kind) == "float" else (int, "an integer")
     lo, hi = StoreConfig.RANGES[name]
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        raise ConfigError(where, key, f"got {raw!r}; accepted: {form} from {lo} to {hi}")
+    try:
+        value = number(raw)
+    except ValueError:
+        raise ConfigError(where, key, f"got {raw!r}; accepted: {form}") from None
+    if number is int and isinstance(raw, float) and value != raw:
+        raise ConfigError(where, key, f"got {raw!r}; accepted: {form}")
     if not lo <= value <= hi:
         raise ConfigError(where, key, f"got {raw!r}; accepted: {lo} to {hi}")
     return value

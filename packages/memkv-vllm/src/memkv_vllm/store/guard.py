@@ -1,0 +1,157 @@
+"""`MemberGuard`: deadlines and down/up health for a backend whose client has neither.
+
+Each call runs on the guard's own threads while the caller waits at most its deadline.
+The backend cannot cancel a call, so one that misses its deadline keeps running there
+("abandoned"); the member is then down: every call fails at once with
+`MemberUnavailableError` (no network), until every abandoned call has returned and the probe
+answers within the stall budget, tried on a background thread every `probe_interval_s`.
+Each transition is logged once, with the member's address. No vLLM import.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TypeVar
+
+from .protocol import MemberState
+
+__all__ = ["MemberGuard", "MemberUnavailableError"]
+
+log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
+T = TypeVar("T")
+MAX_THREADS = 64  # calls in flight, abandoned ones included (new calls stop once down)
+
+
+class MemberUnavailableError(Exception):
+    """The member missed this call's deadline, or is down and was skipped."""
+
+    def __init__(self, address: str, timed_out: bool, detail: str) -> None:
+        super().__init__(detail)
+        self.address = address
+        self.timed_out = timed_out
+
+
+class MemberGuard:
+    """One member (`address`, described as `what` in logs) behind deadlines.
+
+    `probe` is a cheap call that raises unless the member answers; it runs under
+    `budget_s`. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        what: str,
+        probe: Callable[[], object],
+        budget_s: float,
+        probe_interval_s: float = 0.5,
+    ) -> None:
+        self.address = address
+        self._what = what
+        self._probe = probe
+        self._budget = budget_s
+        self._interval = probe_interval_s
+        self._pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="memkv-guard")
+        self._lock = threading.Lock()
+        self._abandoned: set[Future[object]] = set()
+        self._down_since: float | None = None
+        self._closed = threading.Event()
+        self.went_down = 0
+        self.came_up = 0
+        self.deadline_misses = 0
+        self.skipped = 0
+
+    @property
+    def up(self) -> bool:
+        with self._lock:
+            return self._down_since is None
+
+    def state(self) -> MemberState:
+        return MemberState(self.address, self.up, self.went_down, self.came_up)
+
+    def run(
+        self,
+        op: str,
+        call: Callable[[], T],
+        deadline_s: float,
+        release: Callable[[], None] = lambda: None,
+    ) -> T:
+        """`call()`'s result if it returns within `deadline_s`; else `MemberUnavailableError`.
+
+        `release` frees what the call owns (e.g. its staging buffer) once the call is
+        over: at once when the member is down (the call never starts), when an
+        abandoned call finally returns; a call that returned in time leaves it to the
+        caller.
+        """
+        with self._lock:
+            if self._down_since is not None:
+                self.skipped += 1
+                down = True
+            else:
+                down = False
+        if down:
+            release()
+            raise MemberUnavailableError(self.address, False, f"{self._what} is down (skipped)")
+        future: Future[T] = self._pool.submit(call)
+        try:
+            return future.result(timeout=deadline_s)
+        except FutureTimeout:
+            pass
+        with self._lock:
+            self.deadline_misses += 1
+            self._abandoned.add(future)  # type: ignore[arg-type]
+        future.add_done_callback(lambda f: self._finished(f, release))
+        self._mark_down(f"{op} missed its {deadline_s:.2f} s deadline")
+        raise MemberUnavailableError(
+            self.address, True, f"{op} timed out after {deadline_s:.2f} s ({self._what})"
+        )
+
+    def _finished(self, future: Future[T], release: Callable[[], None]) -> None:
+        release()
+        with self._lock:
+            self._abandoned.discard(future)  # type: ignore[arg-type]
+
+    def _mark_down(self, reason: str) -> None:
+        with self._lock:
+            if self._down_since is not None:
+                return
+            self._down_since = time.monotonic()
+            self.went_down += 1
+        log.warning(
+            "memkv-vllm: %s %s is down (%s); its keys read as misses and stores are dropped "
+            "until a background probe answers", self._what, self.address, reason,
+        )  # fmt: skip
+        threading.Thread(target=self._probe_until_up, name="memkv-guard-probe", daemon=True).start()
+
+    def _probe_until_up(self) -> None:
+        probe: Future[object] | None = None
+        while not self._closed.wait(self._interval):
+            with self._lock:
+                busy = bool(self._abandoned)
+            if busy:
+                continue  # a call still hangs in the member: it is not answering yet
+            if probe is None or probe.done():
+                probe = self._pool.submit(self._probe)
+            try:
+                probe.result(timeout=self._budget)
+            except FutureTimeout:
+                continue  # the same probe is waited on again next round
+            except Exception:
+                probe = None
+                continue
+            with self._lock:
+                since = self._down_since or time.monotonic()
+                self._down_since = None
+                self.came_up += 1
+            log.warning("memkv-vllm: %s %s is up again after %.1f s down", self._what,
+                        self.address, time.monotonic() - since)  # fmt: skip
+            return
+
+    def close(self) -> None:
+        self._closed.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
