@@ -5,7 +5,8 @@ per scheduler step for all of them). Stores are not trusted until MemKV says so:
 worker that could not store reports success anyway (vLLM cannot take store failures),
 so the lookup cache is never told 'present' by `complete_store`. Under
 `.connector.MemKVOffloadingConnector`, a step that reports blocks which could not be
-loaded drops every cached answer, so the recomputing request's next lookup asks MemKV.
+loaded drops every cached answer and answers misses for one stall budget: the request
+recomputes, and lookups after that ask the store again.
 """
 
 from __future__ import annotations
@@ -116,7 +117,10 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
         self._lookups = SchedulerLookup(self._lookup, TierMetrics(), progress, self._kv.health)
         load_errors = current_load_errors()  # set under MemKVOffloadingConnector
         if load_errors is not None:
-            load_errors.on_scheduler_failure(self._lookup.forget)
+            # a failed load is retried from the store only after a budget: a member that
+            # timed out answers lookups (a Mooncake master) while its data does not
+            hold = store_config.stall_budget_s
+            load_errors.on_scheduler_failure(lambda: self._lookup.forget(hold))
         log.info("memkv-vllm: direct offload on %s, key prefix %s", self._kv.describe(),
                  self.prefix.hex())  # fmt: skip
 

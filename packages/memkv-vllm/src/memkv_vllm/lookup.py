@@ -66,6 +66,7 @@ class BatchedLookup:
         self._inflight_set: set[bytes] = set()
         self._round: Future[list[bool]] | None = None
         self._round_started = 0.0
+        self._hold_until = 0.0
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="memkv-lookup")
         self.rounds = 0
         self.errors = 0
@@ -132,10 +133,12 @@ class BatchedLookup:
                 if self._round is not None:
                     self._marked[n] = 0.0  # the flying round's answer is stale for n
 
-    def forget(self) -> None:
+    def forget(self, hold_s: float = 0.0) -> None:
         """Drop every cached answer, and the answers of a round still in flight (vLLM's
-        `reset_cache`, or a load that found a value gone)."""
+        `reset_cache`, or a load that failed); for `hold_s` seconds every query answers
+        MISS without asking (a load that just failed is not retried at once)."""
         with self._lock:
+            self._hold_until = self._clock() + hold_s
             self._known.clear()
             if self._round is not None:
                 self._marked.update(dict.fromkeys(self._inflight, 0.0))
@@ -150,6 +153,8 @@ class BatchedLookup:
     # --- internals ----------------------------------------------------------------------
 
     def _answer_locked(self, name: bytes, now: float) -> Answer:
+        if now < self._hold_until:
+            return Answer.MISS
         known = self._known.get(name)
         if known is not None and known[1] > now:
             return Answer.HIT if known[0] else Answer.MISS
