@@ -77,7 +77,9 @@ def test_mooncake_tier_survives_a_store_process_kill_and_a_master_restart(
     full = [memkv_baseline.tokens(0)[0], memkv_baseline.tokens(0)[2]]
     assert run.tokens(1)[:2] == full  # identical tokens after the kill
     assert sum(run.cached(1)) < 6 * BLOCK + 5 * BLOCK + 12 * BLOCK, run.cached(1)
-    assert "could not be loaded" in run.log  # the dead segment's chunks were recomputed
+    # the dead segment's chunks were recomputed: found missing, or (Mooncake taking longer
+    # than the stall budget to give up on the dead peer) timed out
+    assert "could not be loaded" in run.log or "timed out or is down" in run.log
     assert run.tokens(2) == full[:1]  # identical tokens after the master restart
     assert run.cached(2) == [0], run.cached(2)
     assert run.cached(4) == [4 * BLOCK], run.cached(4)  # stored and loaded after it
