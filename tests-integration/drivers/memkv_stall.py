@@ -5,8 +5,9 @@ phases of prompts), but the engine core runs in this process so its steps can be
 and each phase may signal a store process first: `"signal": ["STOP", pid]` (also `CONT`,
 `KILL`), or `"stop_after_hit": [pid, ...]` (SIGSTOP them the moment memkv-vllm's manager
 answers a lookup HIT, so the load meets the stopped member). Every prompt is its own `generate`
-call. `"until_cached": seconds` repeats a phase (vLLM's prefix cache reset each time)
-until its first prompt was served from the store. The last stdout line is `RESULT <json>`:
+call. `"until_cached": seconds` repeats a phase (vLLM's prefix cache reset each time,
+and the connector's with `"reset_connector": true` at the top) until its first prompt was
+served from the store. The last stdout line is `RESULT <json>`:
 per phase, each call's tokens, `num_cached_tokens` and seconds, the longest scheduler
 step and the longest forward pass, memkv-vllm's lookup calls, and the repeats it took.
 """
@@ -100,7 +101,7 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
         while True:
             timings.reset()
             repeats += 1
-            llm.reset_prefix_cache()
+            llm.reset_prefix_cache(reset_connector=bool(spec.get("reset_connector")))
             calls = []
             for ids in phase["prompts"]:
                 t0 = time.perf_counter()
