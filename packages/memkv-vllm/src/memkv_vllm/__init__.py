@@ -50,7 +50,7 @@ def register() -> None:
     # ValueError: already registered in this process (e.g. by an earlier import path)
     with contextlib.suppress(ValueError):
         SecondaryTierFactory.register_tier(TIER_TYPE, "memkv_vllm.tier", "MemKVTierManager")
-    from .cpu_only import guard_tier_on_cpu
+    from .early_check import install
 
-    guard_tier_on_cpu(TIER_TYPE)  # one clear line instead of vLLM's CPU-pool error
+    install(TIER_TYPE)  # bad settings: one line where the program builds vLLM's config
     _registered = True

@@ -1,0 +1,67 @@
+"""A bad memkv-vllm setting, and the memkv tier on a CPU-only vLLM, stop the real OpenAI
+server seconds after start with one line naming the key, the value and the accepted form:
+the first error the user sees, no traceback."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from memkv_harness import direct_config, engine_env, tier_config
+from vllm_server import VllmServer
+
+pytestmark = [pytest.mark.vllm, pytest.mark.newest]
+ERROR_LINE = re.compile(r"\bERROR\b|Error\b|Traceback|\berror:")
+
+
+def vllm_tiering(**tier: Any) -> dict[str, Any]:
+    """The tier under vLLM's own `TieringOffloadingSpec` (its CPU pool needs a GPU)."""
+    config = tier_config(**tier)
+    extra = config["kv_connector_extra_config"]
+    extra["spec_name"] = "TieringOffloadingSpec"
+    del extra["spec_module_path"]
+    return config
+
+
+CASES = {
+    "tier-key": (
+        tier_config(n_read_threads=0),
+        "ERROR memkv-vllm: secondary_tiers[memkv] key 'n_read_threads': got 0; accepted: >= 1",
+    ),
+    "direct-budget": (
+        direct_config(memkv_stall_budget_s="soon"),
+        "ERROR memkv-vllm: kv_connector_extra_config key 'memkv_stall_budget_s': got 'soon'; "
+        "accepted: a number",
+    ),
+    "tier-on-cpu": (
+        vllm_tiering(),
+        'ERROR memkv-vllm: the memkv tier ("type": "memkv" in secondary_tiers) needs a CUDA '
+        "or XPU GPU",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_bad_memkv_setting_is_the_first_error_in_one_line(
+    case: str, tiny_llama: str, tmp_path: Path
+) -> None:
+    config, expected = CASES[case]
+    env = engine_env(MEMKV_SERVERS="127.0.0.1:9")  # never reached: the config stops first
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+    server = VllmServer(tiny_llama, tmp_path / "server.log", kv_transfer_config=config, env=env)
+    started = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="exited early"):
+            server.start(timeout=120)
+    finally:
+        server.stop()
+    log = server.log_path.read_text()
+    errors = [line for line in log.splitlines()
+              if ERROR_LINE.search(line) and "WARNING" not in line]  # fmt: skip
+    print(f"{case}: stopped after {time.monotonic() - started:.1f} s with: {errors[:1]}")
+    assert errors, log
+    assert errors[0].startswith(expected), log
+    assert "Traceback" not in log
