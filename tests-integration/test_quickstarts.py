@@ -97,11 +97,12 @@ class CpuHost:
 
 
 def expected_lines(host: CpuHost, expected: str) -> list[re.Pattern[str]]:
-    """One pattern per line the README promises; `{...,` stands for any label set."""
+    """One pattern per line the README promises; `{...,` and `{...}` stand for labels."""
     patterns = []
     for line in host.adapt(expected).splitlines():
         if line.strip():
             escaped = re.escape(line).replace(re.escape("{...,"), r"\{[^}]*")
+            escaped = escaped.replace(re.escape("{...}"), r"\{[^}]*\}")
             patterns.append(re.compile(escaped))
     return patterns
 
