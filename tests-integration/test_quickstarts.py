@@ -231,6 +231,28 @@ def test_connector_python(host: CpuHost, tmp_path: Path) -> None:
     assert_promised(host, expected, output)
 
 
+def test_connector_one_flag_stops_in_one_line(host: CpuHost, tmp_path: Path) -> None:
+    """vLLM's one-flag offload with this connector's settings: the program stops before the
+    model loads, and the first error it prints is the README's line."""
+    block, expected = readme_block(CONNECTOR_README, "connector-one-flag")
+    started = time.monotonic()
+    done = subprocess.run(
+        ["bash", "-c", host.server_command(block)], capture_output=True, text=True,
+        env=offline_engine_env(), cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    assert_promised(host, expected, output)
+    first_error = next(
+        line
+        for line in output.splitlines()
+        if re.match(r"(\(\w+ pid=\d+\) )?(ERROR\b|Traceback)", line)
+    )
+    assert first_error.startswith("ERROR MarconiOffloadConnector:"), output[-3000:]
+    assert "Traceback" not in output
+    assert time.monotonic() - started < 120
+
+
 def test_memkv_serve_verify_and_one_flag(
     host: CpuHost, background: list[Background], tmp_path: Path
 ) -> None:

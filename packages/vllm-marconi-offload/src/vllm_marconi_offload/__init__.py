@@ -35,6 +35,10 @@ def __getattr__(name: str) -> object:
         from .connector import MarconiOffloadConnector
 
         return MarconiOffloadConnector
+    if name == "OffloadingConnector":  # vLLM's one-flag offload, plugins not loaded
+        from .early_check import ONE_FLAG_ERROR
+
+        raise ValueError(ONE_FLAG_ERROR)
     if name in _RENAMED:
         raise ValueError(
             f'"kv_connector": "{name}" with "kv_connector_module_path": '

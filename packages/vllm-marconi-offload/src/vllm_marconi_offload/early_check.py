@@ -22,6 +22,13 @@ from .config import ConfigError, OffloadConfig
 
 CONNECTOR_NAME = "MarconiOffloadConnector"
 _WRAPPED = "_marconi_offload_checks_config"
+ONE_FLAG_ERROR = (
+    '--kv-offloading-backend/--kv-offloading-size replace "kv_connector" with vLLM\'s own '
+    "OffloadingConnector, which vllm_marconi_offload is not: drop those two flags and select "
+    f'"kv_connector": "{CONNECTOR_NAME}" in --kv-transfer-config'
+)
+"""vLLM's one-flag offload swaps the connector for its own; this package cannot ride on it."""
+_OWN_KEYS = ("cpu_pool_path", "l2_pool_path", "config_file")
 
 
 def uses_this_connector(kv_transfer_config: Any) -> bool:
@@ -38,8 +45,22 @@ def uses_this_connector(kv_transfer_config: Any) -> bool:
 def check_vllm_config(vllm_config: Any) -> None:
     """ConfigError if this connector is selected with a bad `kv_connector_extra_config`."""
     kv_transfer_config: Any = getattr(vllm_config, "kv_transfer_config", None)
+    if _offloading_flag_set(vllm_config) and _meant_for_us(kv_transfer_config):
+        raise ConfigError(ONE_FLAG_ERROR)
     if uses_this_connector(kv_transfer_config):
         OffloadConfig.from_extra_config(kv_transfer_config.kv_connector_extra_config)
+
+
+def _offloading_flag_set(vllm_config: Any) -> bool:
+    return (
+        getattr(getattr(vllm_config, "cache_config", None), "kv_offloading_size", None) is not None
+    )
+
+
+def _meant_for_us(kv_transfer_config: Any) -> bool:
+    """Our module path, or settings only this connector takes (the flag replaced the name)."""
+    extra = getattr(kv_transfer_config, "kv_connector_extra_config", None) or {}
+    return uses_this_connector(kv_transfer_config) or any(key in extra for key in _OWN_KEYS)
 
 
 def install() -> None:
