@@ -176,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
     print("  ".join(f"{h:>13}" for h in header))
     for row in rows:
         print("  ".join(f"{v:>13.1f}" if isinstance(v, float) else f"{v:>13}" for v in row))
+    print(LEGEND)
     same = [a[0] == b[0] for a, b in zip(results["A"], results["B"], strict=True)]
     print(f"\nB generated exactly A's tokens for {sum(same)}/{len(same)} requests")
     loaded_b = rows[1][4]
@@ -190,6 +191,20 @@ def run(args: argparse.Namespace) -> int:
         "over TCP and the extra scheduler step a MemKV lookup takes)"
     )
     return 0 if loaded_b and all(same) else 1
+
+
+LEGEND = """
+  instance        A serves the conversations first; B, a second vLLM server that never saw
+                  them, serves the same prompts afterwards
+  requests        requests sent to the instance; prompt tok: their prompt tokens
+  blocks stored   KV blocks the instance wrote to the shared store (A: every new block)
+  blocks loaded   blocks it read back from the store; tok from store: their tokens
+  lookup hit/miss the instance's lookups in the store, by answer (B should hit what A stored)
+  TTFT ms         mean time to first token; on this tiny CPU model a store hit costs about
+                  what recomputing does (see the note below), on a GPU it is faster
+  store/load MB/s bytes moved over the time the transfer jobs ran
+  A good result: B loads blocks and hits where A stored and missed, and B generates
+  exactly A's tokens."""
 
 
 def main() -> int:
