@@ -86,21 +86,3 @@ def test_tier_value_evicted_between_lookup_and_load_recomputes(
     assert run.tokens(2) == [memkv_baseline.tokens(0)[0]]
     assert run.cached(2) == [0]  # recomputed
     assert "could not be loaded" in run.log
-
-
-@pytest.mark.newest
-def test_tier_on_a_cpu_only_vllm_stops_with_one_line_pointing_to_direct_mode(
-    start_engine: Any, memkv: MemKVServer, tiny_llama: str
-) -> None:
-    from memkv_vllm.cpu_only import CPU_ONLY_TIER
-
-    config = tier_config()
-    extra = config["kv_connector_extra_config"]
-    extra["spec_name"] = "TieringOffloadingSpec"  # vLLM's own, with its GPU-only CPU pool
-    del extra["spec_module_path"]
-    engine = start_engine({"model": tiny_llama, "kv_transfer_config": config,
-                           "phases": [{"prompts": [P1]}]}, **memkv.env())  # fmt: skip
-    assert engine.wait(300) != 0
-    log = engine.log()
-    assert f"RuntimeError: {CPU_ONLY_TIER}" in log
-    assert "CPU Offloading is currently only supported" not in log

@@ -144,9 +144,9 @@ def _convert(name: str, kind: Any, raw: Any, where: str, key: str) -> Any:
     try:
         value = number(raw)
     except ValueError:
-        raise ConfigError(where, key, f"got {raw!r}; accepted: {form}") from None
+        raise ConfigError(where, key, f"got {raw!r}; accepted: {form} from {lo} to {hi}") from None
     if number is int and isinstance(raw, float) and value != raw:
-        raise ConfigError(where, key, f"got {raw!r}; accepted: {form}")
+        raise ConfigError(where, key, f"got {raw!r}; accepted: {form} from {lo} to {hi}")
     if not lo <= value <= hi:
         raise ConfigError(where, key, f"got {raw!r}; accepted: {lo} to {hi}")
     return value
