@@ -4,43 +4,21 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
 
-import bitmath
-
 from ..auth import ClockWindow, Signer
 from ..sockio import parse_address
 from . import args as flags
-from .args import OneLineParser
+from .args import OneLineParser, parse_size
 from .keys import server_key
 from .net import MemKVServer
 from .spill import SpillDir
 from .storage import BLOCK_SIZE, Store
 
 __all__ = ["MemKVServer", "Store", "add_serve_arguments", "main", "parse_size", "serve"]
-
-
-def parse_size(text: str) -> int:
-    """Bytes in a size such as `4GiB`, `4GB`, `4G`, `4gb` or `4294967296`.
-
-    bitmath parses it, every unit binary (K, KB and KiB all mean 2^10): the rule of every
-    package and CLI of this project (kvpool-mmap's `parse_size` is the same). ValueError
-    if `text` is no size (or is negative).
-    """
-    try:
-        size = float(bitmath.parse_string(text.strip(), system=bitmath.NIST, strict=False).bytes)
-    except ValueError:
-        size = math.nan
-    if not math.isfinite(size) or size < 0:
-        raise ValueError(
-            f"{text!r} is not a size such as 8GiB, 8GB, 8G or 8589934592 "
-            "(all binary: 1 GB = 2^30 bytes)"
-        )
-    return int(size)
 
 
 def add_serve_arguments(ap: argparse.ArgumentParser) -> None:

@@ -9,9 +9,19 @@ import math
 from collections.abc import Callable
 from typing import NoReturn
 
+import bitmath
+
 from ..sockio import parse_address
 
-__all__ = ["OneLineParser", "address", "int_in", "listen_address", "seconds", "size"]
+__all__ = [
+    "OneLineParser",
+    "address",
+    "int_in",
+    "listen_address",
+    "parse_size",
+    "seconds",
+    "size",
+]
 
 MAX_SECONDS = 86400.0  #: the longest timeout a flag accepts (one day)
 
@@ -53,10 +63,27 @@ def seconds(text: str) -> float:
     return value
 
 
+def parse_size(text: str) -> int:
+    """Bytes in a size such as `4GiB`, `4GB`, `4G`, `4gb` or `4294967296`.
+
+    bitmath parses it, every unit binary (K, KB and KiB all mean 2^10): the rule of every
+    package and CLI of this project (kvpool-mmap's `parse_size` is the same). ValueError
+    if `text` is no size (or is negative).
+    """
+    try:
+        size = float(bitmath.parse_string(text.strip(), system=bitmath.NIST, strict=False).bytes)
+    except ValueError:
+        size = math.nan
+    if not math.isfinite(size) or size < 0:
+        raise ValueError(
+            f"{text!r} is not a size such as 8GiB, 8GB, 8G or 8589934592 "
+            "(all binary: 1 GB = 2^30 bytes)"
+        )
+    return int(size)
+
+
 def size(text: str) -> str:
     """A flag type: a size `parse_size` accepts (the text is kept, for messages)."""
-    from . import parse_size
-
     try:
         parse_size(text)
     except ValueError as exc:
