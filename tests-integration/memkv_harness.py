@@ -1,5 +1,6 @@
 """memkv-vllm's side of the real-engine suites: its prompts, its two connector
-configurations, and the engine environment.
+configurations, the engine environment, and the stall cases (a store member stopped,
+resumed, killed while an engine serves; `drivers/memkv_stall.py`).
 
 Engines get `PYTHONHASHSEED=0` (instances share blocks only with a pinned seed), the AMX
 sitecustomize, and `scaffold/` (the CPU copy worker for vLLM's primary CPU tier) on
@@ -8,11 +9,14 @@ sitecustomize, and `scaffold/` (the CPU copy worker for vLLM's primary CPU tier)
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from engine_process import BLOCK, Engine, make_prompt
-from vllm_env import offline_engine_env
+from vllm_env import EngineRun, offline_engine_env
 
 SCAFFOLD = Path(__file__).resolve().parent / "scaffold"
 # vLLM's own KV cache is kept small so that the tier, not HBM, serves repeats.
@@ -73,3 +77,87 @@ def direct_config(plain_connector: bool = False, **extra: Any) -> dict[str, Any]
             **extra,
         },
     }
+
+
+# --- stall cases: a store member stopped while the engine serves ---------------------------
+
+STALL_DRIVER = Path(__file__).resolve().parent / "drivers" / "memkv_stall.py"
+BUDGET = 1.0  # memkv-vllm's default stall budget
+BACK_WITHIN_S = 30  # the tests' bound; measured: hits again ~0.2-1.2 s after SIGCONT
+FRESH = [make_prompt(40 + i, 3) for i in range(4)]  # prompts the store has never seen
+STALL_NAMES = ["warm", "baseline", "stop before lookup", "back", "stop after hit", "back", "kill"]
+
+
+def stall_phases(stop: list[int], stop_after_hit: list[int], kill: int) -> list[dict[str, Any]]:
+    """Warm the store; a baseline hit; `stop` stopped before the lookups; back; stopped
+    right after a lookup hit; back; `kill` killed."""
+
+    def signal_all(name: str, pids: list[int]) -> list[dict[str, Any]]:
+        return [{"signal": [name, pid], "prompts": []} for pid in pids]
+
+    return [
+        {"prompts": [P1, P3]},
+        {"until_cached": BACK_WITHIN_S, "prompts": [P1, FRESH[0]]},  # 1: the baseline
+        *signal_all("STOP", stop[:-1]),
+        {"signal": ["STOP", stop[-1]], "prompts": [P1, FRESH[1]]},  # stopped
+        *signal_all("CONT", stop[:-1]),
+        {"signal": ["CONT", stop[-1]], "until_cached": BACK_WITHIN_S, "prompts": [P1]},
+        {"stop_after_hit": stop_after_hit, "prompts": [P3, FRESH[2]]},  # load meets it
+        *signal_all("CONT", stop_after_hit[:-1]),
+        {
+            "signal": ["CONT", stop_after_hit[-1]],
+            "until_cached": BACK_WITHIN_S,
+            "prompts": [P3],
+        },
+        {"signal": ["KILL", kill], "prompts": [P1, FRESH[3]]},
+    ]
+
+
+def run_stall_engine(
+    spec: dict[str, Any], folder: Path, env: dict[str, str]
+) -> tuple[list[dict[str, Any]], str]:
+    (folder / "spec.json").write_text(json.dumps(spec))
+    log = folder / "engine.log"
+    with log.open("wb") as out:
+        code = subprocess.call([sys.executable, str(STALL_DRIVER), str(folder / "spec.json")],
+                               stdout=out, stderr=subprocess.STDOUT, env=env, timeout=900)  # fmt: skip
+    text = log.read_text(errors="replace")
+    assert code == 0, text[-6000:]
+    line = [x for x in text.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT ") :]), text
+
+
+def check_stalls(results: list[dict[str, Any]], baseline: EngineRun, names: list[str]) -> None:
+    """Every case within the budget plus the step's own work; identical tokens."""
+    want = {id(P1): baseline.tokens(0)[0][:4], id(P3): baseline.tokens(0)[2][:4]}
+    normal = results[1]
+    work_s = max(c["seconds"] for c in normal["calls"])  # a call's own work, member up
+    print(f"baseline: calls {[round(c['seconds'], 3) for c in normal['calls']]} s, longest "
+          f"step {normal['schedule_s']:.3f} s, forward {normal['forward_s']:.3f} s")  # fmt: skip
+    stalled = [r for r, name in zip(results, names, strict=True) if name.startswith("stop")]
+    for result, name in zip(results, names, strict=True):
+        calls = result["calls"]
+        print(f"{name}: calls {[(c['cached'], round(c['seconds'], 3)) for c in calls]}, "
+              f"longest step {result['schedule_s']:.3f} s, forward {result['forward_s']:.3f} "
+              f"s, {result['lookups']} lookups, {result['seconds']:.2f} s in "
+              f"{result['repeats']} round(s)")  # fmt: skip
+    for result in stalled:
+        for call in result["calls"]:
+            assert call["seconds"] < BUDGET + 3 * work_s + 2.0, result  # today: 5-60 s
+        assert result["schedule_s"] < BUDGET + 1.0, result
+        assert result["forward_s"] < BUDGET + normal["forward_s"] + 1.0, result
+        assert result["lookups"] < 5000, result  # no spinning (today ~200,000 a second)
+        # only the first request to meet the stopped member waits (one budget); the ones
+        # after it, the prompt the store never saw included, do not
+        waited = [c for c in result["calls"] if c["seconds"] > 3 * work_s + 0.5 * BUDGET]
+        assert len(waited) <= 1, result
+    for result, name in zip(results, names, strict=True):
+        if name.startswith("back"):
+            assert result["calls"][0]["cached"] > 0, (name, result)  # serving hits again
+    prompts = [P1, P1, P1, P1, P3, P3, P1]
+    cases = [r for r in results if r["calls"]]
+    for result, prompt in zip(cases, prompts, strict=True):
+        assert result["calls"][0]["tokens"] == want[id(prompt)], result
+
+
+NAMES = ["warm", "baseline", "stop before lookup", "back", "stop after hit", "back", "kill"]

@@ -5,6 +5,8 @@ mount the memory; the vLLM engines are pure clients (`mooncake_segment_mb` 0).""
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +14,18 @@ from typing import Any
 
 import pytest
 from engine_process import BLOCK, make_prompt
-from memkv_harness import P1, P3, PROMPTS, direct_config, tier_config
+from memkv_harness import (
+    P1,
+    P3,
+    PROMPTS,
+    STALL_NAMES,
+    check_stalls,
+    direct_config,
+    engine_env,
+    run_stall_engine,
+    stall_phases,
+    tier_config,
+)
 from mooncake_cluster import MooncakeCluster
 from vllm_env import EngineRun
 
@@ -132,3 +145,22 @@ def test_mooncake_direct_lease_expired_value_removed_before_the_load_recomputes(
     assert run.tokens(2) == [memkv_baseline.tokens(0)[0]]
     assert run.cached(2) == [0], run.cached(2)  # gone: recomputed
     assert "blocks not loaded; vLLM recomputes them" in run.log
+
+
+@pytest.mark.newest
+def test_mooncake_master_or_stores_stopped_never_stall_the_engine(
+    tiny_llama: str, memkv_baseline: EngineRun, tmp_path: Path
+) -> None:
+    cluster = MooncakeCluster(tmp_path, stores=3, segment_mb=16, client_ttl_s=10).start()
+    assert cluster.master is not None
+    master, stores = cluster.master.pid, [p.pid for p in cluster.segments]
+    try:
+        spec = {"model": tiny_llama, "kv_transfer_config": direct_config(),
+                "phases": stall_phases([master], stores, stores[0])}  # fmt: skip
+        results, log = run_stall_engine(spec, tmp_path, engine_env(**cluster.env()))
+    finally:
+        for pid in [master, *stores]:
+            os.kill(pid, signal.SIGCONT)
+        cluster.stop()
+    check_stalls([r for r in results if r["calls"]], memkv_baseline, STALL_NAMES)
+    assert "timed out or is down" in log
