@@ -26,6 +26,7 @@ class VllmServer:
     kv_transfer_config: dict[str, Any] | None = None
     kv_cache_memory_bytes: int = 16 << 20
     max_model_len: int = 4096
+    dtype: str = "bfloat16"
     port: int = field(default_factory=free_port)
     env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
@@ -42,7 +43,7 @@ class VllmServer:
         cmd = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model, "--host", "127.0.0.1", "--port", str(self.port),
-            "--dtype", "bfloat16", "--enforce-eager", "--block-size", "32",
+            "--dtype", self.dtype, "--enforce-eager", "--block-size", "32",
             "--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes),
             "--max-model-len", str(self.max_model_len), "--enable-prefix-caching", "--max-num-seqs", "8",
         ]  # fmt: skip
