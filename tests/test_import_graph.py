@@ -28,3 +28,11 @@ def test_a_cycle_through_a_lazy_or_type_only_import_is_found(tmp_path: Path) -> 
     )
     (folder / "d.py").write_text("from . import a, b\n")
     assert cycles(graph(folder)) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+def test_memkv_vllm_store_backends_are_imported_only_by_name() -> None:
+    edges = graph(package_sources()["memkv_vllm"])
+    backends = {"memkv_vllm.store.memkv", "memkv_vllm.store.mooncake"}
+    assert backends <= set(edges)
+    importers = {module for module, targets in edges.items() if targets & backends}
+    assert importers == set()  # memkv_vllm.store.registry resolves them lazily, by name
