@@ -89,7 +89,8 @@ _TIER_INIT_PARAMS = frozenset(inspect.signature(SecondaryTierManager.__init__).p
 
 MEDIUM_CPU: Any = getattr(getattr(_base, "Medium", None), "CPU", None)  # 0.27.1+
 LOCALITY_REMOTE: Any = getattr(getattr(_base, "Locality", None), "REMOTE", None)  # 0.26+
-MEDIUM_STORAGE: Any = getattr(getattr(_base, "Medium", None), "STORAGE", "STORAGE")  # str: 0.26
+MEDIUM_STORAGE: Any = getattr(getattr(_base, "Medium", None), "STORAGE", None) or "OBJ"
+"""A shared store's medium: `Medium.STORAGE` (0.27.1+); 0.26 names its remote tier `OBJ`."""
 
 
 def shared_storage_event(keys: list[Any], removed: bool) -> Any:

@@ -1,8 +1,8 @@
 """vLLM's KV events for our tiers: the one place that knows vLLM's event API and its versions.
 
-L1 is published as medium `CPU`, L2 as `STORAGE` (vLLM's `MEDIUM_CPU`, `MEDIUM_STORAGE`),
-both with locality `LOCAL` where the running vLLM's events have that field. Blocks are
-named by vLLM's own block hashes (converted as its GPU events are, see
+L1 is published as medium `CPU`, L2 as `STORAGE` (`FS` on 0.26, vLLM's name there), both
+with locality `LOCAL` where the running vLLM's events have that field. Blocks are named
+by vLLM's own block hashes (converted as its GPU events are, see
 `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`) and KV-cache group; a store event carries the
 parent hash, token ids, block size, extra keys and the group's spec kind, as vLLM's GPU
 events do. Consecutive blocks of one chain become one event.
@@ -19,14 +19,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from kvpool_mmap import Tier
-from vllm.distributed.kv_events import (
-    MEDIUM_CPU,
-    MEDIUM_STORAGE,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVCacheEvent,
-)
+from vllm.distributed import kv_events as vllm_kv_events
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from vllm.v1.core import kv_cache_utils
 from vllm_kv_identity import key_group
 
@@ -38,8 +32,10 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-MEDIUMS = {Tier.L1: MEDIUM_CPU, Tier.L2: MEDIUM_STORAGE}
-"""Our tiers as vLLM's media: L1 (host memory) is CPU, L2 (local disk) is STORAGE."""
+MEDIUM_DISK: str = getattr(vllm_kv_events, "MEDIUM_STORAGE", None) or vllm_kv_events.MEDIUM_FS
+"""vLLM's name for local disk: `STORAGE` (0.27.1+), `FS` (0.26, as its own file tier)."""
+MEDIUMS = {Tier.L1: vllm_kv_events.MEDIUM_CPU, Tier.L2: MEDIUM_DISK}
+"""Our tiers as vLLM's media: L1 (host memory) is CPU, L2 (local disk) is STORAGE (FS)."""
 LOCAL = "LOCAL"
 
 _STORED_FIELDS = frozenset(BlockStored.__struct_fields__)
