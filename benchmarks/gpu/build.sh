@@ -18,7 +18,8 @@ rm -f x/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so x/vllm/_moe_C_stable_libtorch.a
       x/vllm/vllm-rs
 rm -rf x/vllm/third_party/deep_gemm x/vllm/third_party/fmha_sm100
 (cd x && tar cf - vllm vllm-0.26.0.dist-info | xz -T0 -6 > ../vllm.tar.xz)
-# Pure-Python and small native dependencies the GPU image lacks (gpu_image_packages.txt).
+# Pure-Python and small native dependencies the GPU image lacks (gpu_image_packages.txt):
+# vLLM's, then our packages' own (bitmath: kvpool-mmap's sizes; without it no engine starts).
 cp "$here/deps_closure.py" . && cp "$here/gpu_image_packages.txt" dev_pkgs.txt && mkdir deps
 python3 deps_closure.py cachetools blake3 "fastapi[standard]<0.137.0,>=0.133.0" "starlette>=1.0.1" \
   "openai>=2.0.0" "pydantic>=2.12.0" "prometheus-fastapi-instrumentator>=8.0.0" \
@@ -28,7 +29,8 @@ python3 deps_closure.py cachetools blake3 "fastapi[standard]<0.137.0,>=0.133.0" 
   watchfiles python-json-logger pybase64 cbor2 ijson setproctitle "openai-harmony>=0.0.3" \
   "anthropic>=0.71.0" "model-hosting-container-standards<1.0.0,>=0.1.14" mcp \
   "opentelemetry-sdk>=1.27.0" "opentelemetry-api>=1.27.0" "opentelemetry-exporter-otlp>=1.27.0" \
-  "opentelemetry-semantic-conventions-ai>=0.4.1" "nvtx==0.2.15" "apache-tvm-ffi>=0.1.11"
+  "opentelemetry-semantic-conventions-ai>=0.4.1" "nvtx==0.2.15" "apache-tvm-ffi>=0.1.11" \
+  "bitmath>=2.1"
 tar cf kit.tar vllm.tar.xz deps
 parts=${KIT_PARTS:-2}
 rm -rf "$repo"/.gpukit/p[0-9]
