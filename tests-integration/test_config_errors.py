@@ -34,8 +34,13 @@ def first_error(log: str) -> str:
             ["cpu_bytes_to_use must be a byte count in [1, 2^60] such as 8GiB", "got 'lots'"],
         ),
         ({}, "load_mode: sync\n", ["{file}: load_mode must be one of [", "got 'sync'"]),
+        (  # no filesystem here has 1000 TiB free: the tmpfs-too-small case
+            {"cpu_bytes_to_use": "1000TiB"},
+            None,
+            ["cpu_bytes_to_use: cannot reserve 1099511627776000 bytes in ", "or free space"],
+        ),
     ],
-    ids=["inline", "config-file"],
+    ids=["inline", "config-file", "no-room"],
 )
 def test_a_bad_setting_is_the_first_error_in_one_line(
     tiny_llama: str,

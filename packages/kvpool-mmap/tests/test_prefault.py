@@ -61,7 +61,7 @@ def test_a_filesystem_that_fills_before_the_populate_fails_it_clearly(
 ) -> None:
     """Another process takes the space between the check and the faulting: the populate
     fails with the setting's name, never a SIGBUS later, and no file is left."""
-    monkeypatch.setattr(_prefault, "_free_bytes", lambda path: 1 << 40)
+    monkeypatch.setattr(_prefault, "free_bytes", lambda path: 1 << 40)
     cfg = make_config(l1=TierConfig(tiny_tmpfs / "l1", 4 << 20), l2_slots=None)
     with pytest.raises(InsufficientSpaceError, match=r"l1\.bytes_to_use.*bytes free"):
         open_l1_rank(cfg, 0, create=True)

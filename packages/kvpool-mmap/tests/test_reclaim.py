@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 from conftest import STRIDE, Holder, MakeConfig
-from kvpool_mmap import ConfigError, InsufficientSpaceError, TierConfig, TieredStore, open_l1_rank
+from kvpool_mmap import (
+    ConfigError,
+    InsufficientSpaceError,
+    TierConfig,
+    TieredStore,
+    check_l1_room,
+    open_l1_rank,
+)
 
 L1_BYTES = 160 * STRIDE  # 640 KiB: two of them do not fit the 1 MiB tmpfs
 
@@ -44,6 +51,30 @@ def test_no_space_names_the_stale_files_it_saw(tiny_tmpfs: Path, make_config: Ma
     assert f"{stopped.l2_file(0)} (" in message
     assert "no running owner" in message
     assert f"kvpool clear --l2 {tiny_tmpfs / 'l1'}" in message
+
+
+def test_room_counts_the_l1_files_of_dead_owners_and_nothing_live(
+    tiny_tmpfs: Path, make_config: MakeConfig, holders: list[Holder]
+) -> None:
+    l1 = TierConfig(tiny_tmpfs / "l1", L1_BYTES)
+    killed = Holder(make_config(engine_id="killed", l1=l1, l2_slots=None), "l1")
+    holders.append(killed)
+    killed.kill()
+    check_l1_room(tiny_tmpfs / "l1", L1_BYTES, "cpu_bytes_to_use")  # its file is reclaimable
+    live = Holder(make_config(engine_id="live", l1=l1, l2_slots=None), "l1")
+    holders.append(live)  # the dead one's file went before the live one reserved its own
+    with pytest.raises(InsufficientSpaceError) as excinfo:
+        check_l1_room(tiny_tmpfs / "l1", L1_BYTES, "cpu_bytes_to_use")
+    message = str(excinfo.value)
+    assert message.startswith(f"[Errno 28] cpu_bytes_to_use: cannot reserve {L1_BYTES} bytes in ")
+    assert "lower cpu_bytes_to_use or free space" in message
+    check_l1_room(tiny_tmpfs / "not-yet" / "l1", 64 * STRIDE, "cpu_bytes_to_use")  # a parent's
+
+
+def test_room_is_checked_on_the_nearest_existing_parent(tmp_path: Path) -> None:
+    with pytest.raises(InsufficientSpaceError, match="l1.bytes_to_use: cannot reserve"):
+        check_l1_room(tmp_path / "a" / "b", 1 << 60, "l1.bytes_to_use")  # no disk has 1 EiB
+    assert not (tmp_path / "a").exists()
 
 
 def test_refused_l2_leaves_no_file(tmp_path: Path, make_config: MakeConfig) -> None:

@@ -33,7 +33,14 @@ from ._errors import (
     PoolInUseError,
 )
 from ._l1 import L1RankFile, open_l1_rank
-from ._pools import PoolFile, inspect_pool_file, pool_files, remove_if_stale, remove_stale_l1
+from ._pools import (
+    PoolFile,
+    check_l1_room,
+    inspect_pool_file,
+    pool_files,
+    remove_if_stale,
+    remove_stale_l1,
+)
 from ._recovery import RecoveredBlock, RecoveryReport, check_l2, check_l2_files
 from ._settings import (
     SIZE_EXAMPLES,
@@ -79,6 +86,7 @@ __all__ = [
     "TierConfig",
     "TieredStore",
     "__version__",
+    "check_l1_room",
     "check_l2",
     "check_l2_files",
     "check_pool_path",

@@ -8,11 +8,12 @@ locked by its owner while it runs (see _lock). Files named after a pool file
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from ._codec import L1_MAGIC, L2_MAGIC, Superblock, decode_table
 from ._config import HEADER_BYTES, PAGE
 from ._errors import InsufficientSpaceError, KvPoolError, LayoutMismatchError, PoolInUseError
 from ._lock import describe_process, holders, lock_or_raise, pid_alive, same_file
-from ._slab import open_pool_file
+from ._slab import free_bytes, open_pool_file
 
 log = logging.getLogger("kvpool_mmap")
 
@@ -191,3 +192,28 @@ def naming_stale_files(directory: Path) -> Iterator[None]:
             f"`kvpool clear {flag}{directory}` removes them"
             + (" (an L2 file's blocks are lost)" if flag else ""),
         ) from exc
+
+
+def check_l1_room(directory: Path, size: int, setting: str, *, also: Iterable[Path] = ()) -> None:
+    """Raise InsufficientSpaceError (one line naming `setting`) unless `size` bytes of L1
+    files fit in `directory` before any is created.
+
+    The room is the free space of its filesystem (of its nearest existing parent, if it
+    does not exist yet) plus the L1 files there, and in the folders `also`, that no running
+    process holds: an L1 file's creation removes those first (`remove_stale_l1`).
+    """
+    existing = directory
+    while not existing.is_dir() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        free = free_bytes(existing)
+    except OSError:
+        return  # cannot tell: the reservation itself will say
+    stale = [f for folder in (directory, *also) for f in stale_pool_files(folder) if f.tier == "l1"]
+    room = free + sum(f.size for f in stale)
+    if size > room:
+        raise InsufficientSpaceError(
+            errno.ENOSPC,
+            f"{setting}: cannot reserve {size} bytes in {directory} ({room} bytes free on its "
+            f"filesystem, counting L1 files of stopped engines); lower {setting} or free space",
+        )

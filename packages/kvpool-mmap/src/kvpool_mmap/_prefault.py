@@ -19,8 +19,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ._errors import InsufficientSpaceError
-from ._slab import _free_bytes
+from ._slab import free_bytes, no_space_error
 
 MADV_POPULATE_WRITE = 23  # <linux/mman.h>
 CHUNK_BYTES = 64 << 20
@@ -58,9 +57,8 @@ def claim(fd: int, size: int, path: Path, setting: str) -> None:
     """Give the new pool file `size` bytes without allocating them (`populate` does),
     after checking that its filesystem has them free (InsufficientSpaceError naming
     `setting` and the shortfall otherwise)."""
-    free = _free_bytes(path.parent)
-    if free < size:
-        raise _no_space(size, path, setting, free)
+    if free_bytes(path.parent) < size:
+        raise no_space_error(size, path, setting)
     os.ftruncate(fd, size)
 
 
@@ -78,7 +76,7 @@ def populate(
         codes = pool.map(lambda s: _populate_range(base + s, min(CHUNK_BYTES, nbytes - s)), starts)
         failed = next((code for code in codes if code), 0)
     if failed in (errno.EFAULT, errno.ENOMEM, errno.ENOSPC):
-        raise _no_space(nbytes, path, setting, _free_bytes(path.parent))
+        raise no_space_error(nbytes, path, setting)
     if failed:
         raise OSError(failed, f"{setting}: cannot fault in {path}: {os.strerror(failed)}")
 
@@ -97,11 +95,3 @@ def _address(mm: mmap.mmap) -> int:
         return ctypes.addressof(view)
     finally:
         del view
-
-
-def _no_space(size: int, path: Path, setting: str, free: int) -> InsufficientSpaceError:
-    return InsufficientSpaceError(
-        errno.ENOSPC,
-        f"{setting}: cannot reserve {size} bytes for {path} "
-        f"({free} bytes free on its filesystem); lower {setting} or free space",
-    )

@@ -14,9 +14,19 @@ from ._errors import ConfigError, InsufficientSpaceError
 log = logging.getLogger("kvpool_mmap")
 
 
-def _free_bytes(path: Path) -> int:
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer can still allocate on `path`'s filesystem."""
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+def no_space_error(size: int, path: Path, setting: str) -> InsufficientSpaceError:
+    """The one-line error of a pool file that does not fit, naming `setting`."""
+    return InsufficientSpaceError(
+        errno.ENOSPC,
+        f"{setting}: cannot reserve {size} bytes for {path} "
+        f"({free_bytes(path.parent)} bytes free on its filesystem); lower {setting} or free space",
+    )
 
 
 def reserve(fd: int, size: int, path: Path, setting: str) -> None:
@@ -29,12 +39,7 @@ def reserve(fd: int, size: int, path: Path, setting: str) -> None:
         os.posix_fallocate(fd, 0, size)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-            free = _free_bytes(path.parent)
-            raise InsufficientSpaceError(
-                exc.errno,
-                f"{setting}: cannot reserve {size} bytes for {path} "
-                f"({free} bytes free on its filesystem); lower {setting} or free space",
-            ) from exc
+            raise no_space_error(size, path, setting) from exc
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise
         # The filesystem cannot preallocate: make the file its full size (sparse) instead.

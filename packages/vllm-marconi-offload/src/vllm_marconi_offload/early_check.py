@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import functools
 import sys
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from kvpool_mmap import InsufficientSpaceError, check_l1_room
+
 from .config import ConfigError, OffloadConfig
+from .pool import anonymous_l1_dirs, anonymous_l1_root
 
 CONNECTOR_NAME = "MarconiOffloadConnector"
 _WRAPPED = "_marconi_offload_checks_config"
@@ -48,7 +52,30 @@ def check_vllm_config(vllm_config: Any) -> None:
     if _offloading_flag_set(vllm_config) and _meant_for_us(kv_transfer_config):
         raise ConfigError(ONE_FLAG_ERROR)
     if uses_this_connector(kv_transfer_config):
-        OffloadConfig.from_extra_config(kv_transfer_config.kv_connector_extra_config)
+        config = OffloadConfig.from_extra_config(kv_transfer_config.kv_connector_extra_config)
+        _check_l1_room(vllm_config, config)
+
+
+def _check_l1_room(vllm_config: Any, config: OffloadConfig) -> None:
+    """ConfigError if this host's share of `cpu_bytes_to_use` cannot fit where its L1
+    files go (the workers would fail later, each with its own traceback)."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    if parallel is None or int(getattr(parallel, "nnodes", 1) or 1) > 1:
+        return  # ranks on several hosts: each worker checks its own share
+    data_parallel = max(1, int(getattr(parallel, "data_parallel_size", 1) or 1))
+    local = int(getattr(parallel, "data_parallel_size_local", data_parallel) or 0)
+    share = config.cpu_bytes_to_use * min(local, data_parallel) // data_parallel
+    if config.cpu_pool_path:
+        directory, also = Path(config.cpu_pool_path), []
+    else:
+        directory, also = anonymous_l1_root(), anonymous_l1_dirs()
+    try:
+        check_l1_room(directory, share, "cpu_bytes_to_use", also=also)
+    except InsufficientSpaceError as exc:
+        hint = (
+            " (in Docker: docker run --shm-size)" if str(directory).startswith("/dev/shm") else ""
+        )
+        raise ConfigError(f"{exc.strerror}{hint}") from exc
 
 
 def _offloading_flag_set(vllm_config: Any) -> bool:

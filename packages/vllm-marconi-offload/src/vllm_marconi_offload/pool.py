@@ -56,14 +56,25 @@ def engine_name(vllm_config: Any, config: OffloadConfig, fingerprint: bytes) -> 
     return f"{_slug(model)[:40]}-{fingerprint.hex()[:12]}"
 
 
-def _anonymous_root() -> Path:
+def anonymous_l1_root() -> Path:
+    """Where the per-engine L1 directories go when `cpu_pool_path` is not set."""
     return Path(ANONYMOUS_L1_ROOT if os.path.isdir(ANONYMOUS_L1_ROOT) else tempfile.gettempdir())
+
+
+def anonymous_l1_dirs() -> list[Path]:
+    """Every engine's anonymous L1 directory (real directories, no links)."""
+    root = anonymous_l1_root()
+    return [
+        folder
+        for folder in root.glob(f"{ANONYMOUS_L1_PREFIX}*")
+        if folder.is_dir() and not folder.is_symlink()
+    ]
 
 
 def anonymous_l1_dir(vllm_config: Any) -> str:
     """Per-engine-instance tmpfs directory used when `cpu_pool_path` is not set."""
     engine_id = _slug(str(vllm_config.kv_transfer_config.engine_id))
-    return str(_anonymous_root() / f"{ANONYMOUS_L1_PREFIX}{engine_id}")
+    return str(anonymous_l1_root() / f"{ANONYMOUS_L1_PREFIX}{engine_id}")
 
 
 def reclaim_anonymous_l1(store_config: StoreConfig) -> None:
@@ -71,10 +82,10 @@ def reclaim_anonymous_l1(store_config: StoreConfig) -> None:
     engine died before their names were removed, and their directories once empty and
     older than a minute (a younger empty one may be an engine starting up)."""
     mine = Path(store_config.l1.path)
-    if mine.parent != _anonymous_root() or not mine.name.startswith(ANONYMOUS_L1_PREFIX):
+    if mine.parent != anonymous_l1_root() or not mine.name.startswith(ANONYMOUS_L1_PREFIX):
         return
-    for folder in mine.parent.glob(f"{ANONYMOUS_L1_PREFIX}*"):
-        if folder == mine or not folder.is_dir() or folder.is_symlink():
+    for folder in anonymous_l1_dirs():
+        if folder == mine:
             continue
         with contextlib.suppress(OSError):
             remove_stale_l1(folder)
