@@ -72,7 +72,7 @@ def test_room_counts_the_l1_files_of_dead_owners_and_nothing_live(
 
 
 def test_room_is_checked_on_the_nearest_existing_parent(tmp_path: Path) -> None:
-    with pytest.raises(InsufficientSpaceError, match="l1.bytes_to_use: cannot reserve"):
+    with pytest.raises(InsufficientSpaceError, match=r"l1\.bytes_to_use: cannot reserve"):
         check_l1_room(tmp_path / "a" / "b", 1 << 60, "l1.bytes_to_use")  # no disk has 1 EiB
     assert not (tmp_path / "a").exists()
 
