@@ -32,6 +32,8 @@ SPELLINGS: list[tuple[str, int | None]] = [
     ("lots", None),
     ("-1MiB", None),
     ("1Mx", None),
+    ("8b", None),  # bitmath reads a lone "b" as bits
+    ("8.7", None),  # not a whole number of bytes
     ("", None),
 ]
 

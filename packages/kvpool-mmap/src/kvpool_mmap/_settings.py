@@ -32,13 +32,15 @@ def parse_size(text: str) -> int:
     """Bytes in a size such as `8GiB`, `8GB`, `8G`, `8gb` or `8589934592`.
 
     bitmath parses it, every unit binary (K, KB and KiB all mean 2^10): the rule of every
-    package and CLI of this project. ValueError if `text` is no size (or is negative).
+    package and CLI of this project. ValueError if `text` is no size (negative, bits,
+    or not a whole number of bytes).
     """
     try:
-        size = float(bitmath.parse_string(text.strip(), system=bitmath.NIST, strict=False).bytes)
+        parsed = bitmath.parse_string(text.strip(), system=bitmath.NIST, strict=False)
+        size = math.nan if isinstance(parsed, bitmath.Bit) else float(parsed.bytes)  # "8b"
     except ValueError:
         size = math.nan
-    if not math.isfinite(size) or size < 0:
+    if not math.isfinite(size) or size < 0 or not size.is_integer():
         raise ValueError(f"{text!r} is not a size such as {SIZE_EXAMPLES}")
     return int(size)
 

@@ -68,13 +68,14 @@ def parse_size(text: str) -> int:
 
     bitmath parses it, every unit binary (K, KB and KiB all mean 2^10): the rule of every
     package and CLI of this project (kvpool-mmap's `parse_size` is the same). ValueError
-    if `text` is no size (or is negative).
+    if `text` is no size (negative, bits, or not a whole number of bytes).
     """
     try:
-        size = float(bitmath.parse_string(text.strip(), system=bitmath.NIST, strict=False).bytes)
+        parsed = bitmath.parse_string(text.strip(), system=bitmath.NIST, strict=False)
+        size = math.nan if isinstance(parsed, bitmath.Bit) else float(parsed.bytes)  # "8b"
     except ValueError:
         size = math.nan
-    if not math.isfinite(size) or size < 0:
+    if not math.isfinite(size) or size < 0 or not size.is_integer():
         raise ValueError(
             f"{text!r} is not a size such as 8GiB, 8GB, 8G or 8589934592 "
             "(all binary: 1 GB = 2^30 bytes)"
