@@ -42,6 +42,25 @@ def test_direct_spec_round_trips_within_and_across_processes(
     assert second.cached(0)[0] == 6 * BLOCK, second.cached(0)
 
 
+@pytest.mark.newest
+def test_engines_share_a_prompt_only_under_the_same_cache_salt(
+    start_engine: Any, memkv: MemKVServer, tiny_llama: str
+) -> None:
+    """Engine A stores P1 under one tenant's salt; engine B finds none of it under another
+    salt and all of it under the same one: salted blocks are never shared across tenants."""
+    first = {"model": tiny_llama, "kv_transfer_config": direct_config()}
+    start_engine({**first, "phases": [{"prompts": [P1], "cache_salts": ["tenant-a"]}]},
+                 **memkv.env()).result()  # fmt: skip
+    memkv.wait_for_items(6)  # P1's six full blocks
+    phases = [
+        {"prompts": [P1], "cache_salts": ["tenant-b"]},
+        {"reset_prefix_cache": True, "prompts": [P1], "cache_salts": ["tenant-a"]},
+    ]
+    second = start_engine({**first, "phases": phases}, **memkv.env()).result()
+    assert second.cached(0)[0] == 0, second.cached(0)
+    assert second.cached(1)[0] == 6 * BLOCK, second.cached(1)
+
+
 def _vanishing_phases(between: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """P1 stored; P1 loaded back (the lookup's HIT stays cached); `between`; P1 again,
     whose cached HIT is stale by then: its load finds nothing in MemKV."""

@@ -6,7 +6,8 @@ Usage: python generate.py SPEC.json. The spec names the model, an optional
 may `pause` first (the driver writes `<pause_dir>/paused-<i>` and waits for
 `<pause_dir>/resume-<i>`, so a test can restart a server in between), may reset vLLM's own
 prefix cache (`reset_prefix_cache`; with `reset_connector` the connector's too), then
-generates for its prompts (lists of token ids). The last stdout line is `RESULT <json>`:
+generates for its prompts (lists of token ids; `cache_salts`, one per prompt or null,
+sets vLLM's `cache_salt`). The last stdout line is `RESULT <json>`:
 per phase, per prompt, the generated token ids and `num_cached_tokens`.
 """
 
@@ -65,7 +66,11 @@ def run(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
         params = SamplingParams(
             max_tokens=phase.get("max_tokens", 8), temperature=0.0, ignore_eos=True
         )
-        prompts = [{"prompt_token_ids": ids} for ids in phase["prompts"]]
+        salts = phase.get("cache_salts") or [None] * len(phase["prompts"])
+        prompts = [
+            {"prompt_token_ids": ids, **({"cache_salt": salt} if salt else {})}
+            for ids, salt in zip(phase["prompts"], salts, strict=True)
+        ]
         outputs = llm.generate(prompts, params, use_tqdm=False)
         results.append(
             [
