@@ -34,6 +34,7 @@ pytestmark = pytest.mark.skipif(
     reason="Mooncake Store is not installed (pip install 'memkv-vllm[mooncake]')",
 )
 FILLER = make_prompt(4, 12)
+SHARING_BUDGET_S = 10.0  # stall_budget_s of the tests that check sharing, not stalls
 
 
 @pytest.fixture
@@ -46,8 +47,10 @@ def cluster(tmp_path: Path) -> Iterator[MooncakeCluster]:
 def test_mooncake_tier_shares_blocks_across_instances(
     start_engine: Any, cluster: MooncakeCluster, tiny_llama: str, memkv_baseline: EngineRun
 ) -> None:
-    spec = {"model": tiny_llama, "kv_transfer_config": tier_config(),
-            "phases": [{"prompts": PROMPTS}]}  # fmt: skip
+    # Sharing, not stalls, is under test: on a busy 2-core runner a loopback put or lookup
+    # can miss the 1 s default budget and be dropped or read as a miss (stall tests below).
+    config = tier_config(stall_budget_s=SHARING_BUDGET_S)
+    spec = {"model": tiny_llama, "kv_transfer_config": config, "phases": [{"prompts": PROMPTS}]}
     first = start_engine(spec, **cluster.env()).result()
     assert first.tokens(0) == memkv_baseline.tokens(0)
     assert "tier ready" in first.log
@@ -55,7 +58,8 @@ def test_mooncake_tier_shares_blocks_across_instances(
     second = start_engine(spec, **cluster.env()).result()  # another process, fresh CPU pool
     assert second.tokens(0) == memkv_baseline.tokens(0)
     assert second.cached(0)[0] == 6 * BLOCK, second.cached(0)
-    assert second.cached(0)[2] == 5 * BLOCK, second.cached(0)
+    missed = [line for line in (first.log + second.log).splitlines() if "timed out" in line]
+    assert second.cached(0)[2] == 5 * BLOCK, (second.cached(0), missed[:4])
 
 
 def test_mooncake_tier_survives_a_store_process_kill_and_a_master_restart(
