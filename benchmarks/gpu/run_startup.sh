@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU host, after install.sh: engine start-up with a CPU tier of STARTUP_GIB GiB
-# (default 32), STARTUP_REPEATS times per mode (default 3), alternating native and ours, after one throw-away
-# start that fills the torch.compile cache; the first start of each mode also measures TTFT
-# of a STARTUP_LENGTH-token prompt (default 32768) from HBM and from the CPU tier.
+# (default 32), STARTUP_REPEATS times per mode (default 3), alternating native and ours, after
+# throw-away starts of both (4 GiB) that fill the torch.compile cache and ours' Triton
+# kernel cache; the first start of each mode also measures TTFT
+# of a STARTUP_LENGTH-token prompt (default 32768; 0: none) from HBM and from the CPU tier.
+# STARTUP_WARM=0 skips the throw-away starts (a host that has run them already).
 # PROGRAMS_TRY=N: ours' second start also measures TTFT with
 # VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM=N.
 # Usage: bash run_startup.sh   (from this folder; $OUT/startup.tgz holds the JSON files)
@@ -16,10 +18,13 @@ bench() {  # TAG LIMIT_S MODE GIB [LENGTH]
   STARTUP_TAG=$1 timeout "$2" python3 startup_bench.py "${@:3}" 2>&1 | tee -a "$out/startup.log" \
     | grep -E "^startup |RESULT|Error|Traceback" | cut -c1-900
 }
-bench warm 300 native 4
+if [ "${STARTUP_WARM:-1}" != 0 ]; then
+  bench warm 300 native 4
+  bench warm 150 ours 4
+fi
 for i in $(seq "${STARTUP_REPEATS:-3}"); do
   for mode in native ours; do
-    if [ "$i" = 1 ]; then
+    if [ "$i" = 1 ] && [ "$length" != 0 ]; then
       bench "$i" 200 "$mode" "$gib" "$length"
     elif [ "$i$mode" = 2ours ] && [ -n "${PROGRAMS_TRY:-}" ]; then
       VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM=$PROGRAMS_TRY bench "$i-p$PROGRAMS_TRY" 200 ours "$gib" "$length"
