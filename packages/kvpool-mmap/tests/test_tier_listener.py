@@ -104,3 +104,17 @@ def test_a_later_high_request_raises_stored_blocks(
     for wave in range(10, 40, 2):
         store(s, [wave, wave + 1])
     assert s.lookup([key(0), key(1)]) == [Tier.L1, Tier.L1]
+
+
+def test_raise_retention_keeps_found_blocks_and_never_lowers(
+    make_config: MakeConfig, store_factory: Factory
+) -> None:
+    s = store_factory(make_config(l1_slots=5, l2_slots=None, eviction_policy="lru"))
+    store(s, [0, 1])
+    store(s, [2], Retention.HIGH)
+    assert s.raise_retention([key(0), key(1), key(9)], Retention.HIGH) == 2  # 9: not stored
+    assert s.raise_retention([key(2)], Retention.LOW) == 0
+    for wave in range(10, 40, 2):
+        store(s, [wave, wave + 1])
+    assert s.lookup([key(0), key(1)]) == [Tier.L1, Tier.L1]
+    assert s.lookup([key(2)]) == [Tier.L1]

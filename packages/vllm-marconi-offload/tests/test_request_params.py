@@ -180,3 +180,29 @@ def test_events_replayed_give_each_tier_and_a_restart_announces_l2(
     assert changes[0].tier is None
     assert {c.key for c in changes[1:]} == held == set(again.store.keys(Tier.L2))
     assert all(c.tier is Tier.L2 and c.info is not None for c in changes[1:])  # saved at exit
+
+
+@pytest.mark.parametrize("served_from", ["hbm", "l1"])
+def test_a_high_priority_request_keeps_blocks_it_found_stored(
+    engines: Callable[..., Engine], served_from: str
+) -> None:
+    """A system prompt first sent without the hint, then with it: whether vLLM's own cache
+    or our L1 serves the second request, its blocks outlive a wave of normal ones."""
+    engine = engines()
+    engine.report(engine.prefill(request("a", ["x", "y", "z"]), [[1, 2, 3, 4]]))
+    engine.scheduler.request_finished("a")
+    kept = with_params(request("b", ["x", "y", "z"]), offload_priority="high")
+    if served_from == "hbm":
+        assert engine.lookup(kept, computed=3 * BLOCK) == (0, False)
+    else:
+        assert engine.lookup(kept) == (3 * BLOCK, True)
+        engine.scheduler.allocated(kept, ([5, 6, 7, 8],), 3 * BLOCK)
+        assert engine.scheduler.build_metadata(scheduler_output()).loads
+        engine.scheduler.on_worker_output({"b"}, None)  # loaded: the blocks are unpinned
+    engine.scheduler.request_finished("b")
+    for i in range(12):  # 36 normal blocks through a 32-slot L1
+        wave = request(f"w{i}", [f"w{i}-{b}" for b in range(3)])
+        engine.report(engine.prefill(wave, [[9, 10, 11, 12]]))
+        engine.scheduler.request_finished(f"w{i}")
+    keys = chain_keys([name.encode().ljust(16, b".") for name in "xyz"], 0)
+    assert set(keys) <= set(engine.store.keys(Tier.L1))

@@ -218,6 +218,18 @@ class TieredStore(StoreEngine):
             ticket.l1_slots[i] = slot
         return ticket
 
+    def raise_retention(self, keys: Sequence[bytes], retention: Retention) -> int:
+        """Move each stored key of `keys` held at a lower retention up to `retention` (a
+        request asking to keep blocks it found stored); unknown keys are ignored. Returns
+        how many moved."""
+        moved = 0
+        for k in keys:
+            e = self._entries.get(k)
+            if e is not None and retention > e.retention:
+                self._raise_retention(e, retention)
+                moved += 1
+        return moved
+
     def _raise_retention(self, e: Entry, retention: Retention) -> None:
         """A request asks to keep a stored key longer: move it up in both policies."""
         e.retention = retention

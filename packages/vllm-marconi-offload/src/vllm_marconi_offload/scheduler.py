@@ -239,7 +239,20 @@ class OffloadScheduler:
         last = state.request.block_hashes[blocks - 1]
         groups = [*self._chain_groups, *self._state_groups]
         if all(block_key(last, group) in self._store for group in groups):
-            state.stored_blocks = blocks
+            self._keep_found_blocks(state, blocks)
+
+    def _keep_found_blocks(self, state: _RequestState, end: int) -> None:
+        """The request's blocks up to `end` are stored already (found in vLLM's cache or
+        loaded) and are not offered again; a request that asks to keep its blocks longer
+        (`offload_priority`) moves them up where they are held at a lower priority."""
+        retention = state.params.retention
+        if retention > DEFAULT.retention and end > state.stored_blocks:
+            hashes = state.request.block_hashes[state.stored_blocks : end]
+            for group in self._chain_groups:
+                self._store.raise_retention(chain_keys(hashes, group), retention)
+            for group in self._state_groups:
+                self._store.raise_retention([block_key(hashes[-1], group)], retention)
+        state.stored_blocks = max(state.stored_blocks, end)
 
     def _count_lookup(self, state: _RequestState) -> None:
         """Count a request once, when its lookup has an answer (hits follow at allocation)."""
@@ -357,7 +370,7 @@ class OffloadScheduler:
             self._loads_in_flight[request.request_id] = lookup
         self.timer.start("load", request.request_id)
         state.lookup = None
-        state.stored_blocks = max(state.stored_blocks, end)
+        self._keep_found_blocks(state, end)
         self.counters.loaded_blocks += end - start
         tiers = _hit_tiers(lookup, end)[start:end]
         l1 = sum(1 for tier in tiers if tier is Tier.L1)
