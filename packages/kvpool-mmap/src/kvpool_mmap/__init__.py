@@ -43,6 +43,7 @@ from ._pools import (
 )
 from ._recovery import RecoveredBlock, RecoveryReport, check_l2, check_l2_files
 from ._settings import (
+    MAX_TIER_BYTES,
     SIZE_EXAMPLES,
     Setting,
     expose,
