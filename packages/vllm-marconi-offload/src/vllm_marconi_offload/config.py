@@ -91,8 +91,9 @@ class OffloadConfig:
         "and the step's forward waits for the load), `layer_wise` (as `same_step`, but on a "
         "CUDA worker each attention layer vLLM runs eagerly waits only for its own layer) or "
         "`async` (the request waits out of the batch until its load has landed). Models with "
-        "state (Mamba, linear-attention) groups always load `async`. `layer_wise` was the "
-        "fastest on an H200 (docs/benchmarks.md).",
+        "state (Mamba, linear-attention) groups always load `async`. `layer_wise` reads host "
+        "memory from the GPU's cores, whose PCIe rate varies by host: it was the fastest on "
+        "an H200, but `same_step` was on one H100 host (docs/benchmarks.md).",
         "layer_wise",
         choices=LOAD_MODES,
     )
