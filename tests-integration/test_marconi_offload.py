@@ -197,6 +197,8 @@ def test_l2_hits_after_engine_restart(
     assert "L2 recovery: 0 blocks recovered" in first.last_line("L2 recovery:")
     # L1 is scratch: the engine removed its L1 file and layout note when it exited
     assert sorted(p.name for p in (tmp_path / "l1").iterdir()) == []
+    # KV events off (no --kv-events-config): no block descriptions were kept for them
+    assert not list((tmp_path / "l2").glob("*.events"))
     second = run_engine(
         {"model": tiny_llama, "kv_transfer_config": config, "phases": [{"prompts": [PROMPT_A]}]}
     )
