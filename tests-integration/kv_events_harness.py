@@ -128,6 +128,13 @@ def complete(
     return post(server_url + "/v1/completions", {**body, **fields})
 
 
+def cached_tokens(server_url: str, model: str, prompt: list[int], **fields: Any) -> int:
+    """Tokens of `prompt` a completion reports served from a cache (vLLM's own or a
+    connector's: `usage.prompt_tokens_details`, with `--enable-prompt-tokens-details`)."""
+    details = complete(server_url, model, prompt, **fields)["usage"]["prompt_tokens_details"]
+    return int((details or {}).get("cached_tokens") or 0)
+
+
 def wait_until(check: Callable[[], bool], nudge: Callable[[], object], timeout: float = 60) -> bool:
     """Call `nudge` (a request: vLLM publishes events and stats only while it steps) until
     `check` holds."""

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from conftest import connector_config
 from engine_process import make_prompt
-from kv_events_harness import complete, wait_until
+from kv_events_harness import cached_tokens, complete, wait_until
 from vllm_env import offline_engine_env
 from vllm_server import VllmServer, metric_sum
 
@@ -62,8 +62,8 @@ class Server:
 
     def cached(self, prompt: list[int], **fields: Any) -> int:
         """Tokens of `prompt` served from a cache (ours: vLLM's misses, see `flush`)."""
-        details = self.ask(prompt, **fields)["usage"]["prompt_tokens_details"] or {}
-        return int(details.get("cached_tokens") or 0)
+        assert self.server is not None
+        return cached_tokens(self.server.url, self.model, prompt, **fields)
 
     def flush(self, seed: int) -> None:
         """Push every earlier prompt out of vLLM's own 32-block cache."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from engine_process import BLOCK, make_prompt
-from kv_events_harness import complete
+from kv_events_harness import cached_tokens
 from memkv_harness import direct_config, engine_env
 from memkv_server import MemKVServer
 from vllm_server import VllmServer
@@ -35,22 +35,22 @@ def served(tiny_llama: str, memkv: MemKVServer, tmp_path: Path) -> Iterator[Vllm
     server.stop()
 
 
-def cached_tokens(server: VllmServer, model: str, prompt: list[int], **params: object) -> int:
+def ask(server: VllmServer, model: str, prompt: list[int], **params: object) -> int:
+    """Cached tokens of `prompt` sent with `params` as its `kv_transfer_params`."""
     fields = {"kv_transfer_params": params} if params else {}
-    details = complete(server.url, model, prompt, **fields)["usage"]["prompt_tokens_details"]
-    return int((details or {}).get("cached_tokens") or 0)
+    return cached_tokens(server.url, model, prompt, **fields)
 
 
 def test_requests_that_forbid_storing_leave_nothing_in_memkv_and_load_caps_hold(
     served: VllmServer, memkv: MemKVServer, tiny_llama: str
 ) -> None:
     for seed, params in [(700, {"max_offload_tokens": 0}), (701, {"offload_priority": "low"})]:
-        cached_tokens(served, tiny_llama, make_prompt(seed=seed, blocks=4), **params)
+        ask(served, tiny_llama, make_prompt(seed=seed, blocks=4), **params)
     kept = make_prompt(seed=702, blocks=4)
-    cached_tokens(served, tiny_llama, kept)
+    ask(served, tiny_llama, kept)
     memkv.wait_for_items(4)  # the normal request's four full blocks
     time.sleep(1.0)  # anything the earlier two stored would have landed before them
     assert memkv.lane_totals("items")["items"] == 4
     for i in range(9):  # push `kept` out of vLLM's own 32-block cache
-        cached_tokens(served, tiny_llama, make_prompt(seed=800 + i, blocks=4))
-    assert cached_tokens(served, tiny_llama, kept, max_load_tokens=BLOCK) == BLOCK
+        ask(served, tiny_llama, make_prompt(seed=800 + i, blocks=4))
+    assert ask(served, tiny_llama, kept, max_load_tokens=BLOCK) == BLOCK

@@ -194,7 +194,7 @@ class TieredStore(StoreEngine):
             if self._disabled or k in seen:
                 continue
             e = self._entries.get(k)
-            if e is not None and retention > e.retention:
+            if e is not None:
                 self._raise_retention(e, retention)
             if e is not None and not (self._restores and self._l2_only(e)):
                 continue
@@ -222,20 +222,19 @@ class TieredStore(StoreEngine):
         """Move each stored key of `keys` held at a lower retention up to `retention` (a
         request asking to keep blocks it found stored); unknown keys are ignored. Returns
         how many moved."""
-        moved = 0
-        for k in keys:
-            e = self._entries.get(k)
-            if e is not None and retention > e.retention:
-                self._raise_retention(e, retention)
-                moved += 1
-        return moved
+        found = (self._entries.get(k) for k in keys)
+        return sum(self._raise_retention(e, retention) for e in found if e is not None)
 
-    def _raise_retention(self, e: Entry, retention: Retention) -> None:
-        """A request asks to keep a stored key longer: move it up in both policies."""
+    def _raise_retention(self, e: Entry, retention: Retention) -> bool:
+        """A request asks to keep a stored key longer: if `retention` is above its own,
+        move it up in both policies (True)."""
+        if retention <= e.retention:
+            return False
         e.retention = retention
         for policy in (self._l1_policy, self._l2_policy):
             if isinstance(policy, ChainHeapPolicy) and e.key in policy:
                 policy.set_retention(e.key, retention)
+        return True
 
     @staticmethod
     def _l2_only(e: Entry) -> bool:
