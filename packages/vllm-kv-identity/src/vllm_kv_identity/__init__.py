@@ -11,6 +11,9 @@
 Standard library and `packaging` only: nothing here imports vLLM; callers pass in what
 they read from it. The plugins' data paths also share `vllm_kv_identity.block_copy` (the
 row format of a stored block and its copier), which imports torch and is not imported here.
+Both plugins' `doctor` commands are built from `vllm_kv_identity.doctor` (the checklist and
+its command line) and `vllm_kv_identity.host_checks` (vLLM's version, `PYTHONHASHSEED`, the
+locked-memory limit, free space and O_DIRECT).
 """
 
 from __future__ import annotations
