@@ -11,13 +11,20 @@ the settings are used.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .config import DirectConfig, TierConfig
 from .errors import ConfigError
 from .store import StoreConfig, store_keys
 
-__all__ = ["CPU_ONLY_TIER", "CpuOnlyTierError", "check_vllm_config", "install"]
+__all__ = [
+    "CPU_ONLY_TIER",
+    "CpuOnlyTierError",
+    "check_vllm_config",
+    "configured_stores",
+    "install",
+]
 
 CPU_ONLY_TIER = (
     'memkv-vllm: the memkv tier ("type": "memkv" in secondary_tiers) needs a CUDA or XPU '
@@ -43,25 +50,37 @@ def cpu_only_platform() -> bool:
     return not (current_platform.is_cuda_alike() or current_platform.is_xpu())
 
 
-def check_vllm_config(vllm_config: Any, tier_type: str = "memkv") -> None:
-    """Raise `ConfigError` (or memkv-client's, for its own settings) for a bad memkv-vllm
-    setting, `CpuOnlyTierError` for the tier on a CPU-only vLLM; nothing if memkv-vllm is
-    not configured."""
-    transfer = getattr(vllm_config, "kv_transfer_config", None)
-    extra = getattr(transfer, "kv_connector_extra_config", None) or {}
+def configured_stores(
+    extra: Mapping[str, Any], tier_type: str = "memkv"
+) -> list[tuple[str, StoreConfig]]:
+    """Validate memkv-vllm's settings in `kv_connector_extra_config` (and `MEMKV_CONFIG`,
+    `MEMKV_*`): the store of the direct spec (`("direct", store)`) and of each memkv tier
+    (`("tier", store)`), in that order. Raises `ConfigError` (or memkv-client's, for its own settings) for a bad value."""
+    stores: list[tuple[str, StoreConfig]] = []
     spec = (extra.get("spec_name"), extra.get("spec_module_path"))
     if spec[0] == DIRECT_SPEC[0] or spec[1] == DIRECT_SPEC[1]:
         DirectConfig.from_extra_config(extra)
-        StoreConfig.resolve(extra, "kv_connector_extra_config", "memkv_")
+        stores.append(("direct", StoreConfig.resolve(extra, "kv_connector_extra_config", "memkv_")))
     tiers = extra.get("secondary_tiers")
     for tier in tiers if isinstance(tiers, list) else []:
         if not isinstance(tier, dict) or tier.get("type") != tier_type:
             continue
         TierConfig.from_dict(tier)
         ours = {k: v for k, v in tier.items() if k in store_keys("")}
-        StoreConfig.resolve(ours, "secondary_tiers[memkv]")
-        if spec == (VLLM_TIERING_SPEC, None) and cpu_only_platform():
-            raise CpuOnlyTierError(CPU_ONLY_TIER)
+        stores.append(("tier", StoreConfig.resolve(ours, "secondary_tiers[memkv]")))
+    return stores
+
+
+def check_vllm_config(vllm_config: Any, tier_type: str = "memkv") -> None:
+    """Raise `ConfigError` (or memkv-client's, for its own settings) for a bad memkv-vllm
+    setting, `CpuOnlyTierError` for the tier on a CPU-only vLLM; nothing if memkv-vllm is
+    not configured."""
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    extra = getattr(transfer, "kv_connector_extra_config", None) or {}
+    tiers = [mode for mode, _ in configured_stores(extra, tier_type) if mode == "tier"]
+    spec = (extra.get("spec_name"), extra.get("spec_module_path"))
+    if tiers and spec == (VLLM_TIERING_SPEC, None) and cpu_only_platform():
+        raise CpuOnlyTierError(CPU_ONLY_TIER)
 
 
 def _one_line(error: BaseException) -> str:
