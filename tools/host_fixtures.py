@@ -42,7 +42,7 @@ def install_vllm_metadata(site: Path, version: str, dist: str = "vllm") -> Path:
     """Make `site` hold an installed `dist` of `version` providing the `vllm` package (its
     dist-info only, what the doctors read); put `site` first on the path to see it."""
     info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
-    info.mkdir(parents=True)
+    info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
     (info / "top_level.txt").write_text("vllm\n")
     return site

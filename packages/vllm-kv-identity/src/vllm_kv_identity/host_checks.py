@@ -162,16 +162,17 @@ def existing_parent(path: Path) -> Path:
     return path
 
 
-def free_bytes(directory: Path) -> int:
+def free_bytes(directory: Path) -> int | None:
     """Bytes an unprivileged writer can still allocate where `directory` is (or will be
-    created); OSError if that cannot be read."""
+    created); None on a filesystem without a size (ramfs); OSError if unreadable."""
     stats = os.statvfs(existing_parent(directory))
-    return stats.f_bavail * stats.f_frsize
+    return stats.f_bavail * stats.f_frsize if stats.f_blocks else None
 
 
-def describe_place(directory: Path, free: int) -> str:
-    """`/dev/shm (tmpfs, 23.5 GiB free)`."""
-    return f"{directory} ({filesystem_type(directory)}, {human_bytes(free)} free)"
+def describe_place(directory: Path, free: int | None) -> str:
+    """`/dev/shm (tmpfs, 23.5 GiB free)`; `free` None: no size limit."""
+    room = "no size limit" if free is None else f"{human_bytes(free)} free"
+    return f"{directory} ({filesystem_type(directory)}, {room})"
 
 
 def space_check(directory: Path, need: int, setting: str) -> Check:
@@ -181,7 +182,7 @@ def space_check(directory: Path, need: int, setting: str) -> Check:
     except OSError as exc:
         return Check.fail(f"{setting}: cannot read the free space of {directory}: {exc.strerror}",
                           f"choose another {setting}")  # fmt: skip
-    if need <= free:
+    if free is None or need <= free:
         return Check.ok(f"{setting}: {human_bytes(need)} fit in {describe_place(directory, free)}")
     return Check.fail(
         f"{setting}: {human_bytes(need)} do not fit in {describe_place(directory, free)}",

@@ -124,9 +124,9 @@ def _l1_checks(config: OffloadConfig) -> list[Check]:
     except OSError as exc:
         return [Check.fail(f"cpu_bytes_to_use: cannot read the free space of {directory}: "
                            f"{exc.strerror}", "choose another cpu_pool_path")]  # fmt: skip
-    reclaimed = (
-        " once the L1 files of stopped engines are removed (at start)" if need > free else ""
-    )
+    reclaimed = ""
+    if free is not None and need > free:
+        reclaimed = " once the L1 files of stopped engines are removed (at start)"
     checks = [Check.ok(f"cpu_bytes_to_use: {human_bytes(need)} fit in "
                        f"{describe_place(directory, free)}{reclaimed}")]  # fmt: skip
     kind = filesystem_type(directory)
