@@ -39,7 +39,15 @@ class RawSession:
     """An authenticated connection (HELLO, then AUTH answering its challenge): `request`
     signs with the session key and the next id."""
 
-    def __init__(self, port: int, key: bytes, timeout: float = 10.0, rcvbuf: int = 0) -> None:
+    def __init__(
+        self,
+        port: int,
+        key: bytes,
+        timeout: float = 10.0,
+        rcvbuf: int = 0,
+        pause_before_auth: float = 0.0,
+    ) -> None:
+        """`pause_before_auth`: seconds between the HELLO reply and AUTH (a slow client)."""
         self.key = Signer(key)
         self.sock = socket.socket()
         if rcvbuf:  # before connecting, so the window never grows past it
@@ -56,6 +64,7 @@ class RawSession:
         self.info = p.decode_hello_reply(reply.meta)
         self.session = self.key.session(nonce, self.info.boot_nonce, self.info.challenge)
         self.sent: list[bytes] = []  # every request frame, for replays
+        time.sleep(pause_before_auth)
         reply = self.request(p.Op.AUTH, p.encode_auth(self.info.challenge))
         assert reply is not None, "no AUTH reply"
         assert reply.header.status == p.Status.OK, reply.meta

@@ -25,7 +25,7 @@ import rawclient
 from conftest import KEY, ServerProcess, make_client
 from memkv_client import protocol as p
 from memkv_client.auth import Signer, value_digest
-from rawclient import RawSession, frame, read_frame
+from rawclient import RawSession, assert_status, frame, read_frame
 
 FULL = os.environ.get("MEMKV_HOSTILE_SCALE") == "full"  # read before conftest clears MEMKV_*
 REPORT = os.environ.get("MEMKV_HOSTILE_REPORT")
@@ -210,6 +210,65 @@ def test_unauthenticated_and_slowloris_floods(target: ServerProcess) -> None:
     assert peak < 32 * MiB
     assert reaped_after < 8  # --frame-timeout-s 2
     assert check.wrong == 0
+
+
+def test_valid_clients_survive_a_continuous_connection_flood() -> None:
+    """16 threads open silent connections without pause while 4 slow clients (0.3 s between
+    HELLO's reply and AUTH) and 40 valid clients connect one after another: a client that
+    has spoken is never closed to make room (room comes from connections that have sent
+    nothing), so all of them succeed."""
+    srv = ServerProcess("--memory", "16MiB", "--frame-timeout-s", "3",
+                        "--max-connections", "6").start()  # fmt: skip
+    stop = threading.Event()
+    opened = [0] * 16
+
+    def flood(slot: int) -> None:
+        held: list[socket.socket] = []
+        end = time.monotonic() + 60  # bounded even if the clients hang
+        while not stop.is_set() and time.monotonic() < end:
+            with contextlib.suppress(OSError):
+                held.append(socket.create_connection(("127.0.0.1", srv.port), timeout=1))
+                opened[slot] += 1
+            if len(held) > 64:
+                held.pop(0).close()
+        for s in held:
+            s.close()
+
+    threads = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(16)]
+    failures: list[str] = []
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # the server is full of silent connections before the first client
+        t0 = time.monotonic()
+        for i in range(4):  # slow clients: 0.3 s between HELLO's reply and AUTH
+            try:
+                with RawSession(srv.port, KEY, timeout=5, pause_before_auth=0.3) as raw:
+                    assert_status(raw.put(b"slow/%d" % i, b"v"), p.Status.OK)
+            except (AssertionError, OSError) as exc:
+                failures.append(f"slow client {i}: {exc!r}")
+        for i in range(40):
+            try:
+                with make_client(srv.address, num_connections=1, connect_timeout_ms=3000) as c:
+                    c.put(f"flood/{i}", b"v%d" % i)
+                    assert c.get(f"flood/{i}") == b"v%d" % i
+            except Exception as exc:
+                failures.append(f"client {i}: {exc!r}")
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        assert srv.alive, Path(srv.log.name).read_text()[-3000:]
+        with make_client(srv.address) as c:
+            stats = c.stats()
+        srv.stop()
+    rate = sum(opened) / (took + 0.5)
+    FIGURES["connection flood"] = {"flood_connects_per_s": round(rate), "valid_clients": 44,
+                                   "valid_failed": len(failures),
+                                   "unauthenticated_closed": stats["unauthenticated_closed"]}  # fmt: skip
+    assert stats["unauthenticated_closed"] > 40  # the flood did force the server to make room
+    assert failures == []
 
 
 def test_fd_exhaustion_within_a_ulimit() -> None:

@@ -8,9 +8,12 @@ cannot crash the server.
 
 **Hostile peers.** A connection is authenticated only by an AUTH that answers the
 fresh challenge its HELLO reply carried, so replayed opening bytes never authenticate.
-At most `max_connections` connections are served; when full, the oldest one that has
-not authenticated is closed to make room, else the authenticated one idle longest (a
-client retries a pooled connection closed under it), else the new one is refused.
+At most `max_connections` connections are served; when full, one is closed to make
+room: the oldest that has sent nothing yet, else the unauthenticated one that has waited
+longest since it last spoke (a HELLO held open without its AUTH), else the authenticated
+one idle longest (a client retries a pooled connection closed under it); else the new one
+is refused. So a valid client between HELLO and AUTH, one round trip old, is never closed
+while connections that have sent nothing, or have waited longer, are open.
 Until it authenticates, a connection may send only HELLO and AUTH of at most
 `PREAUTH_MAX_META_LEN` metadata bytes, each within `frame_timeout`. Every frame must
 arrive, and every reply leave, within `frame_timeout` plus its size at `MIN_RATE`; a
@@ -27,6 +30,7 @@ import logging
 import os
 import resource
 import secrets
+import select
 import socket
 import threading
 import time
@@ -49,6 +53,7 @@ _SINK = memoryview(bytearray(1 << 16))  # shared scratch: contents are never rea
 _META_CHUNK = 64 << 10  # metadata is read and MAC-fed in pieces of this size
 MIN_RATE = 8 << 20  #: bytes/s a peer must sustain on a frame beyond `frame_timeout`
 _FD_RESERVE = 64  # descriptors kept free for spill files, the listener and logging
+_GONE = select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL  # peer left
 
 
 def default_max_connections() -> int:
@@ -103,7 +108,7 @@ class MemKVServer:
             "frame_errors": 0,
             "auth_errors": 0,
             "refused_connections": 0,  # over max_connections, nothing to make room
-            "unauthenticated_closed": 0,  # closed to make room for a new connection
+            "unauthenticated_closed": 0,  # not authenticated; closed to make room for a new one
             "idle_closed": 0,  # authenticated but idle, closed to make room
             "deadline_closes": 0,  # a frame or reply missed its deadline, or idle
         }
@@ -168,12 +173,15 @@ class MemKVServer:
         self._shutdown()
 
     def _make_room(self) -> bool:
-        """Whether one more connection fits, closing one to make room if needed: the
-        oldest unauthenticated one, else the authenticated one idle longest."""
+        """Whether one more connection fits, closing one to make room if needed (the
+        order is in the module docstring)."""
         with self._lock:
             if len(self._conns) < self.max_connections:
                 return True
-            victim = next((c for c in self._conns if not c.authenticated), None)
+            victim = next((c for c in self._conns if c.silent()), None)
+            if victim is None:
+                waiting = [c for c in self._conns if not c.authenticated]
+                victim = min(waiting, key=lambda c: c.last_active, default=None)
             if victim is not None:
                 del self._conns[victim]  # its thread ends on the shut-down socket
                 self.counters["unauthenticated_closed"] += 1
@@ -248,7 +256,8 @@ class _Connection:
         self.done = threading.Event()
         self._lock = threading.Lock()
         self._busy = False
-        self.last_active = time.monotonic()  # when the last frame was done
+        self.last_active = time.monotonic()  # when the last frame began or was done
+        self.spoke = False  # a frame's first bytes arrived
         self.challenge: bytes | None = None  # sent in the HELLO reply; AUTH answers it
         self.authenticated = False  # the AUTH verified
         self.session = server.signer  # the session key once HELLO is answered
@@ -269,6 +278,21 @@ class _Connection:
             Op.RDMA_XFER: self._rdma_xfer,
             Op.AUTH: self._auth,
         }
+
+    def silent(self) -> bool:
+        """Whether the peer has sent nothing yet: no frame served and no byte waiting."""
+        if self.spoke:
+            return False
+        # poll, never recv: the socket's timeout would make even a MSG_PEEK recv wait
+        poller = select.poll()
+        try:
+            poller.register(self.sock, select.POLLIN | select.POLLRDHUP)
+            events = poller.poll(0)
+        except (OSError, ValueError):
+            return True  # closed by its own thread: nothing to keep
+        if not events:
+            return True  # connected, nothing sent
+        return bool(events[0][1] & _GONE)  # else bytes wait to be read
 
     def stop_if_idle(self) -> bool:
         """Shut the socket down unless a frame is being served; whether it was."""
@@ -333,8 +357,10 @@ class _Connection:
         first = self.sock.recv_into(view)
         if first == 0:
             return False  # clean close between frames
+        self.spoke = True
         with self._lock:
             self._busy = True
+            self.last_active = time.monotonic()
         try:
             deadline = self._deadline()
             recv_exact_into(self.sock, view[first:], deadline)
