@@ -25,6 +25,8 @@ SPELLINGS: list[tuple[str, int | None]] = [
     ("1MB", 1 << 20),
     ("1M", 1 << 20),
     ("1mb", 1 << 20),
+    ("1MIB", 1 << 20),  # units are case-blind
+    ("1mib", 1 << 20),
     ("1 MiB", 1 << 20),
     ("1048576", 1 << 20),
     ("1.5MiB", 3 << 19),

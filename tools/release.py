@@ -1,4 +1,4 @@
-"""Release consistency of the seven packages: one version, exact pins, licence, py.typed.
+"""Release consistency of the eight packages: one version, exact pins, licence, py.typed.
 
 All packages are released together under one version. Each package's version lives in
 one place, `src/<import_name>/_version.py` (hatch reads it); the exact `==` pins between

@@ -138,9 +138,11 @@ def test_from_dict_rejects_unknown_keys(tmp_path: Path) -> None:
     cfg = StoreConfig.from_dict(base)
     assert cfg.fingerprint == b"fp"
     assert cfg.l1_slots == 256
-    with pytest.raises(ConfigError, match=r"unknown setting.*cpu_bytes"):
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['cpu_bytes_to_use'\]"):
         StoreConfig.from_dict({**base, "cpu_bytes_to_use": 1})
-    with pytest.raises(ConfigError, match="unknown l1 setting"):
+    with pytest.raises(ConfigError, match=r"\['write_thru'\] \(did you mean 'write_through'\?\)"):
+        StoreConfig.from_dict({**base, "write_thru": False})
+    with pytest.raises(ConfigError, match=r"l1: unknown key\(s\) \['size'\]"):
         StoreConfig.from_dict({**base, "l1": {"path": "/x", "bytes_to_use": 1, "size": 2}})
     with pytest.raises(ConfigError, match="stride"):
         StoreConfig.from_dict({k: v for k, v in base.items() if k != "stride"})

@@ -303,7 +303,11 @@ def test_the_environment_names_the_file_when_config_file_is_not_set(
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("cpu_bytes: 1GiB\n", "{path}: unknown key(s) ['cpu_bytes']; accepted keys: ["),
+        (
+            "cpu_bytes: 1GiB\n",
+            "{path}: unknown key(s) ['cpu_bytes'] (did you mean 'cpu_bytes_to_use'?); accepted "
+            "keys: [",
+        ),
         (
             "cpu_bytes_to_use: lots\n",
             "{path}: cpu_bytes_to_use must be a byte count in [1, 2^60] such as 8GiB",

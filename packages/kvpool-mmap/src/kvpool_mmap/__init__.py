@@ -10,6 +10,16 @@ In vLLM, workers map their rank's L1 file with `open_l1_rank(config, rank, creat
 and the scheduler owns `TieredStore(config, create_l1=False)`.
 """
 
+from kv_offload_settings import (
+    SIZE_EXAMPLES,
+    Setting,
+    expose,
+    markdown_table,
+    parse_size,
+    setting,
+    settings_of,
+)
+
 from ._codec import FORMAT_VERSION
 from ._config import (
     DIRECT_IO_MODES,
@@ -18,6 +28,7 @@ from ._config import (
     L1_OVERFLOW_MODES,
     MAX_IO_THREADS,
     MAX_KEY_BYTES,
+    MAX_TIER_BYTES,
     PAGE,
     L1Overflow,
     StoreConfig,
@@ -42,16 +53,6 @@ from ._pools import (
     remove_stale_l1,
 )
 from ._recovery import RecoveredBlock, RecoveryReport, check_l2, check_l2_files
-from ._settings import (
-    MAX_TIER_BYTES,
-    SIZE_EXAMPLES,
-    Setting,
-    expose,
-    markdown_table,
-    parse_size,
-    setting,
-    settings_of,
-)
 from ._store import TieredStore
 from ._types import LoadStatus, LoadTicket, StoreStats, StoreTicket, Tier
 from ._version import __version__

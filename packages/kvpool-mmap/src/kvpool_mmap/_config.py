@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from kv_eviction import validate_policy
+from kv_offload_settings import Setting, checked_fields, setting, settings_of, unknown_keys_message
 
 from ._errors import ConfigError
-from ._settings import MAX_TIER_BYTES, Setting, checked_fields, setting, settings_of
+
+MAX_TIER_BYTES = 1 << 60
+"""Largest byte budget (1 EiB): every file offset must fit a signed 64-bit integer."""
 
 PAGE = 4096
 """Alignment of every data region (O_DIRECT and DMA friendly)."""
@@ -46,7 +49,9 @@ def check_pool_path(value: object, setting: str) -> str:
     The path must be absolute: every process of an engine (scheduler, workers) must
     name the same directory whatever its working directory is.
     """
-    path: str | os.PathLike[str] = settings_of(TierConfig)["path"].check(value, setting)
+    path: str | os.PathLike[str] = settings_of(TierConfig)["path"].check(
+        value, setting, ConfigError
+    )
     return os.fspath(path)
 
 
@@ -65,7 +70,7 @@ class TierConfig:
 
     def validate(self, name: str, key: Callable[[str], str] = str) -> None:
         """Raise ConfigError naming `key(name.<setting>)` if a value is out of range."""
-        checked_fields(self, lambda field: key(f"{name}.{field}"))
+        checked_fields(self, lambda field: key(f"{name}.{field}"), ConfigError)
 
 
 @dataclass(frozen=True)
@@ -181,7 +186,7 @@ class StoreConfig:
         return self.names.get(name, name)
 
     def __post_init__(self) -> None:
-        checked_fields(self, self.key)
+        checked_fields(self, self.key, ConfigError)
         if not isinstance(self.fingerprint, bytes | bytearray):
             raise ConfigError(f"fingerprint must be bytes, got {type(self.fingerprint).__name__}")
         if not isinstance(self.l1, TierConfig):
@@ -234,14 +239,14 @@ class StoreConfig:
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - fields)
         if unknown:
-            raise ConfigError(f"unknown setting(s) {unknown}; accepted: {sorted(store_settings())}")
+            raise ConfigError(unknown_keys_message(unknown, store_settings()))
         for tier in ("l1", "l2"):
             raw = values.get(tier)
             if isinstance(raw, Mapping):
                 extra = sorted(set(raw) - {"path", "bytes_to_use"})
                 if extra:
                     raise ConfigError(
-                        f"unknown {tier} setting(s) {extra}; accepted: path, bytes_to_use"
+                        f"{tier}: {unknown_keys_message(extra, ('path', 'bytes_to_use'))}"
                     )
                 values[tier] = TierConfig(**raw)
         if isinstance(values.get("fingerprint"), str):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import kv_offload_settings
+
 
 class KvPoolError(Exception):
     """Root of every error this package raises on purpose."""
 
 
-class ConfigError(KvPoolError, ValueError):
+class ConfigError(KvPoolError, kv_offload_settings.ConfigError):
     """A setting is invalid; the message names the setting and the accepted values."""
 
 

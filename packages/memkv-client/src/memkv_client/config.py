@@ -22,8 +22,10 @@ import enum
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+import kv_offload_settings
+from kv_offload_settings import read_config_file, unknown_keys_message
 
 from .auth import check_key, parse_key
 from .errors import ConfigError
@@ -178,21 +180,10 @@ def _convert(name: str, value: Any) -> Any:
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
-    import yaml
-
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError("MEMKV_CONFIG", f"cannot read {path!r}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError("MEMKV_CONFIG", f"{path!r} is not valid YAML: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError("MEMKV_CONFIG", f"{path!r} must hold a mapping of settings")
-    return {str(k): v for k, v in data.items()}
+        return read_config_file(path)
+    except kv_offload_settings.ConfigError as exc:
+        raise ConfigError("MEMKV_CONFIG", str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -238,11 +229,7 @@ class ConfigSources:
         known = set(_FIELDS) | set(plugin_keys)
         unknown = sorted(k for k in values if k not in known)
         if unknown:
-            raise ConfigError(
-                "MEMKV_CONFIG",
-                f"unknown setting(s) {', '.join(unknown)} in {path!r}; known: "
-                f"{', '.join(sorted(known))}",
-            )
+            raise ConfigError("MEMKV_CONFIG", f"{path}: {unknown_keys_message(unknown, known)}")
         return cls(env, path, values)
 
     def lookup(self, name: str) -> RawSetting | None:
@@ -259,7 +246,7 @@ class ConfigSources:
         sources, and a `None` override counts as not given."""
         unknown = sorted(k for k in overrides if k not in _FIELDS)
         if unknown:
-            raise ConfigError(unknown[0], f"unknown setting; known: {', '.join(_FIELDS)}")
+            raise ConfigError("Client(...)", unknown_keys_message(unknown, _FIELDS))
         values: dict[str, Any] = {}
         for name in _FIELDS:
             if overrides.get(name) is not None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 
+import kv_offload_settings
+
 from .protocol import Status
 
 __all__ = [
@@ -54,8 +56,9 @@ class MemKVError(Exception):
     retryable: bool = False
 
 
-class ConfigError(MemKVError, ValueError):
-    """A configuration value is invalid; the message names the setting."""
+class ConfigError(MemKVError, kv_offload_settings.ConfigError):
+    """A configuration value is invalid; the message names the setting (and the file,
+    for a value from `MEMKV_CONFIG`)."""
 
     kind = ErrorKind.CONFIG
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import kv_offload_settings
+
 __all__ = ["ConfigError"]
 
 
-class ConfigError(ValueError):
+class ConfigError(kv_offload_settings.ConfigError):
     """A memkv-vllm setting is invalid; the message names where it was set, the key and
     what is accepted, in one line."""
 

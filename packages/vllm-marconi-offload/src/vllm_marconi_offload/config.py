@@ -9,12 +9,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
+import kv_offload_settings
 from kv_eviction import validate_policy
-from kvpool_mmap import ConfigError as StoreConfigError
+from kv_offload_settings import read_config_file, unknown_keys_message
 from kvpool_mmap import L1Overflow, Setting, expose, setting, settings_of, store_settings
 
 from .log import logger
@@ -29,8 +28,9 @@ CONFIG_FILE_ENV = "MARCONI_OFFLOAD_CONFIG"
 """Names a YAML file of connector settings when `config_file` is not set."""
 
 
-class ConfigError(ValueError):
-    """A `kv_connector_extra_config` value is invalid; the message names the key."""
+class ConfigError(kv_offload_settings.ConfigError):
+    """A `kv_connector_extra_config` value is invalid; the message names the key (and the
+    file or variable that gave it, if not the inline config)."""
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ class OffloadConfig:
         for name, declared in settings_of(cls).items():
             try:
                 values[name] = declared.check(merged.get(name, declared.default))
-            except StoreConfigError as exc:
+            except kv_offload_settings.ConfigError as exc:
                 raise ConfigError(f"{where(name)}{exc}") from None
         if values["l2_pool_path"] is None and values["l2_bytes_to_use"]:
             raise ConfigError(
@@ -252,32 +252,19 @@ def _check_keys(values: Mapping[str, Any], where: str) -> None:
     """ConfigError naming `where` and the keys of `values` that are no setting."""
     unknown = sorted(set(values) - set(SETTINGS) - {"config_file"})
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; accepted keys: {sorted(SETTINGS)}")
+        raise ConfigError(f"{where}: {unknown_keys_message(unknown, SETTINGS)}")
 
 
 def _read_config_file(path: str) -> dict[str, Any]:
     """The settings in the YAML file `path`; ConfigError naming the file otherwise."""
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"config_file {path}: cannot read it: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise ConfigError(f"{path}: not valid YAML: {problem}{at}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{path}: must hold a mapping of settings (key: value), got {type(data).__name__}"
-        )
+        data = read_config_file(path)
+    except kv_offload_settings.ConfigError as exc:
+        raise ConfigError(f"config_file {exc}") from None
     _check_keys(data, path)
     if "config_file" in data:
         raise ConfigError(f"{path}: config_file cannot name another file")
-    return {str(k): v for k, v in data.items()}
+    return data
 
 
 def _eviction(extra: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

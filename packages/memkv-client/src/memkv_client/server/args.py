@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from typing import NoReturn
 
-import bitmath
+from kv_offload_settings import parse_size
 
 from ..sockio import parse_address
 
@@ -61,26 +61,6 @@ def seconds(text: str) -> float:
             f"{text!r} is not a number of seconds in (0, {MAX_SECONDS:g}], e.g. 10 or 0.5"
         )
     return value
-
-
-def parse_size(text: str) -> int:
-    """Bytes in a size such as `4GiB`, `4GB`, `4G`, `4gb` or `4294967296`.
-
-    bitmath parses it, every unit binary (K, KB and KiB all mean 2^10): the rule of every
-    package and CLI of this project (kvpool-mmap's `parse_size` is the same). ValueError
-    if `text` is no size (negative, bits, or not a whole number of bytes).
-    """
-    try:
-        parsed = bitmath.parse_string(text.strip(), system=bitmath.NIST, strict=False)
-        size = math.nan if isinstance(parsed, bitmath.Bit) else float(parsed.bytes)  # "8b"
-    except ValueError:
-        size = math.nan
-    if not math.isfinite(size) or size < 0 or not size.is_integer():
-        raise ValueError(
-            f"{text!r} is not a size such as 8GiB, 8GB, 8G or 8589934592 "
-            "(all binary: 1 GB = 2^30 bytes)"
-        )
-    return int(size)
 
 
 def size(text: str) -> str:

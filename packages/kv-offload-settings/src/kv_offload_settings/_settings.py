@@ -2,8 +2,8 @@
 
 A configuration dataclass declares each field with `setting(...)`; `settings_of(cls)`
 reads the declarations back (named after their fields). Validation, normalised values,
-error messages and README tables all come from them, so a setting is written in one
-place. Another package exposes a setting under its own key with `expose`.
+error messages and README tables (`markdown_table`) all come from them, so a setting is
+written in one place. Another package exposes a setting under its own key with `expose`.
 """
 
 from __future__ import annotations
@@ -16,40 +16,30 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import bitmath
+from ._errors import ConfigError, did_you_mean
+from ._sizes import SIZE_EXAMPLES, parse_size
 
-from ._errors import ConfigError
+__all__ = [
+    "Kind",
+    "Setting",
+    "checked_fields",
+    "expose",
+    "markdown_table",
+    "setting",
+    "settings_of",
+]
 
 Kind = Literal["int", "number", "bool", "choice", "bytes", "path", "name", "text", "any"]
-MAX_TIER_BYTES = 1 << 60
-"""Largest byte budget (1 EiB): every file offset must fit a signed 64-bit integer."""
-SIZE_EXAMPLES = "8GiB, 8GB, 8G or 8589934592 (all binary: 1 GB = 2^30 bytes)"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_SETTING = "kvpool_mmap.setting"
-
-
-def parse_size(text: str) -> int:
-    """Bytes in a size such as `8GiB`, `8GB`, `8G`, `8gb` or `8589934592`.
-
-    bitmath parses it, every unit binary (K, KB and KiB all mean 2^10): the rule of every
-    package and CLI of this project. ValueError if `text` is no size (negative, bits,
-    or not a whole number of bytes).
-    """
-    try:
-        parsed = bitmath.parse_string(text.strip(), system=bitmath.NIST, strict=False)
-        size = math.nan if isinstance(parsed, bitmath.Bit) else float(parsed.bytes)  # "8b"
-    except ValueError:
-        size = math.nan
-    if not math.isfinite(size) or size < 0 or not size.is_integer():
-        raise ValueError(f"{text!r} is not a size such as {SIZE_EXAMPLES}")
-    return int(size)
+_SETTING = "kv_offload_settings.setting"
 
 
 @dataclass(frozen=True)
 class Setting:
     """One setting: how it is checked and documented.
 
-    `store_name` is the kvpool-mmap setting it sets when it is exposed under another key.
+    `store_name` is the setting of another package it sets when it is exposed under
+    another key (`expose`); `env` is the environment variable that sets it, if any.
     """
 
     kind: Kind
@@ -64,6 +54,7 @@ class Setting:
     """None is accepted (and means: not set)."""
     name: str = ""
     store_name: str = ""
+    env: str = ""
 
     def accepted(self) -> str:
         """The accepted form in words, e.g. `an integer in [1, 256]`."""
@@ -99,16 +90,16 @@ class Setting:
             return self.default
         return repr(self.default)
 
-    def check(self, value: Any, key: str = "") -> Any:
-        """`value` normalised (e.g. `"8GiB"` -> 8589934592), or ConfigError naming `key`
-        (default: the setting's name), the value and the accepted form."""
+    def check(self, value: Any, key: str = "", error: type[ConfigError] = ConfigError) -> Any:
+        """`value` normalised (e.g. `"8GiB"` -> 8589934592), or `error` (a ConfigError)
+        naming `key` (default: the setting's name), the value and the accepted form."""
         key = key or self.name
         if value is None and self.optional:
             return None
         checker = _CHECKS.get(self.kind)
         normal = value if checker is None else checker(self, value)
         if normal is _BAD:
-            raise ConfigError(f"{key} must be {self.accepted()}, got {value!r}{self._why(value)}")
+            raise error(f"{key} must be {self.accepted()}, got {value!r}{self._why(value)}")
         return normal
 
     def field(self) -> Any:
@@ -120,6 +111,8 @@ class Setting:
         return dataclasses.field(default=self.default, metadata=metadata)
 
     def _why(self, value: Any) -> str:
+        if self.kind == "choice" and isinstance(value, str):
+            return did_you_mean(value, self.choices)
         if self.kind == "path" and isinstance(value, str) and value.strip():
             # every process of an engine (scheduler, workers) must name the same directory
             return (
@@ -142,8 +135,8 @@ class Setting:
 
 
 def _number_text(number: float, kind: Kind) -> str:
-    if number == MAX_TIER_BYTES:
-        return "2^60"
+    if kind != "number" and number >= 1 << 30 and int(number).bit_count() == 1:
+        return f"2^{int(number).bit_length() - 1}"
     return f"{number:g}" if kind != "number" or number >= 1e6 else str(float(number))
 
 
@@ -168,19 +161,26 @@ def settings_of(cls: type) -> dict[str, Setting]:
     return out
 
 
-def checked_fields(instance: Any, key: Callable[[str], str]) -> None:
+def checked_fields(
+    instance: Any, key: Callable[[str], str], error: type[ConfigError] = ConfigError
+) -> None:
     """Check and normalise every declared field of a frozen dataclass instance in place;
-    `key(name)` is the name used in errors."""
+    `key(name)` is the name used in errors, `error` the ConfigError class raised."""
     for name, declared in settings_of(type(instance)).items():
-        normal = declared.check(getattr(instance, name), key(name))
+        normal = declared.check(getattr(instance, name), key(name), error)
         object.__setattr__(instance, name, normal)
 
 
 def markdown_table(settings: Mapping[str, Setting], header: str = "Setting") -> str:
-    """A README table: key, accepted values, default, meaning."""
-    rows = [f"| {header} | Accepted | Default | Meaning |", "| --- | --- | --- | --- |"]
+    """A README table: key, environment variable (if any setting has one), accepted
+    values, default, meaning."""
+    env = any(declared.env for declared in settings.values())
+    heads = [header, *(["Environment"] if env else []), "Accepted", "Default", "Meaning"]
+    rows = ["| " + " | ".join(heads) + " |", "|" + " --- |" * len(heads)]
     for name, declared in settings.items():
-        cells = (f"`{name}`", declared.accepted(), f"`{declared.default_text()}`", declared.doc)
+        cells = [f"`{name}`", declared.accepted(), f"`{declared.default_text()}`", declared.doc]
+        if env:
+            cells.insert(1, f"`{declared.env}`" if declared.env else "")
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)
 
