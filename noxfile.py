@@ -109,7 +109,7 @@ def kernel(session: nox.Session) -> None:
 def bench_eviction(session: nox.Session) -> None:
     """Eviction policy ops/s at 1e3 to 1e7 entries; bytes per tracked entry."""
     install_package(session, "kv-eviction", extra=None)
-    session.run("python", "-m", "kv_eviction.bench", *session.posargs)
+    session.run("python", "-m", "kv_eviction.sim.bench", *session.posargs)
 
 
 @nox.session
@@ -348,6 +348,15 @@ def mooncake(session: nox.Session) -> None:
     stores = PACKAGES[MEMKV_VLLM] / "tests" / "test_stores.py"
     suites = [str(stores), str(INTEGRATION / "test_memkv_vllm_mooncake.py")]
     session.run("pytest", *suites, *session.posargs, env=vllm_env())
+
+
+@nox.session(venv_backend="venv", tags=["ci"])
+def chaos(session: nox.Session) -> None:
+    """Chaos run (tests-chaos/): engines over two `memkv serve`, over Mooncake Store and on the
+    connector's L1/L2 serve a seeded workload while seeded faults stop, kill and restart what
+    they use; prints a summary. `nox -s chaos -- --minutes 30`: a long run (default 1.5)."""
+    install_mooncake(session)
+    session.run("pytest", str(ROOT / "tests-chaos"), *session.posargs, env=vllm_env())
 
 
 @nox.session(name="bench-mooncake", venv_backend="venv")
