@@ -5,6 +5,7 @@ a user runs it."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from host_fixtures import Mount, install_vllm_metadata  # tools/, on the path (c
 from vllm_kv_identity.doctor import Check, Status
 from vllm_kv_identity.host_checks import filesystem_type, free_bytes
 from vllm_marconi_offload.doctor import doctor_checks
+from vllm_marconi_offload.pool import ANONYMOUS_L1_PREFIX, ANONYMOUS_L1_ROOT
 
 # A standalone kvpool-mmap store owning its L1 (and L2) pool files until it exits.
 HOLD_POOL = """
@@ -52,10 +54,8 @@ def shm_dir() -> Iterator[Path]:
         path.rmdir()
 
 
-@pytest.fixture
-def pool_holder(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path, Path]]:
-    """A live process owning pool `held` (L1 in tmp/l1, L2 in tmp/l2)."""
-    l1, l2 = tmp_path / "l1", tmp_path / "l2"
+def _hold_pool(l1: Path, l2: Path) -> subprocess.Popen[str]:
+    """A live process owning pool `held`: its L1 file in `l1`, its L2 file in `l2`."""
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLD_POOL, str(l1), str(l2), "held"],
         stdout=subprocess.PIPE,
@@ -63,6 +63,14 @@ def pool_holder(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path, P
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "READY"
+    return proc
+
+
+@pytest.fixture
+def pool_holder(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path, Path]]:
+    """`_hold_pool` in tmp/l1 and tmp/l2."""
+    l1, l2 = tmp_path / "l1", tmp_path / "l2"
+    proc = _hold_pool(l1, l2)
     yield proc, l1, l2
     proc.kill()
     proc.wait()
@@ -147,6 +155,23 @@ def test_pool_left_by_a_killed_process(
     assert stale_l1.fix == f"`kvpool clear {l1}` removes it now"
     stale_l2 = _find(checks, f"l2_pool_path: {l2}/kvpool-held-dp0-tp0.l2 has no running owner")
     assert stale_l2.status is Status.OK
+
+
+def test_private_l1_left_in_dev_shm_by_a_killed_process(tmp_path: Path) -> None:
+    if not Path(ANONYMOUS_L1_ROOT).is_dir():
+        pytest.skip(f"no {ANONYMOUS_L1_ROOT}")
+    private = Path(ANONYMOUS_L1_ROOT) / f"{ANONYMOUS_L1_PREFIX}doctor-test-{uuid.uuid4().hex[:8]}"
+    try:
+        proc = _hold_pool(private, tmp_path / "l2")
+        proc.kill()
+        proc.wait()
+        left = _find(
+            doctor_checks({}), f"cpu_pool_path (not set): {private}/kvpool-held-dp0-tp0.l1"
+        )
+        assert left.status is Status.WARN
+        assert left.fix == f"`kvpool clear {private}` removes it now"
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def test_bad_value_is_the_one_configuration_failure() -> None:

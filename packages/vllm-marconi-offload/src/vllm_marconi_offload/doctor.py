@@ -78,7 +78,11 @@ def doctor_checks(extra: Mapping[str, Any], hash_algorithm: str | None = None) -
             checks.append(o_direct_check(l2, "l2_pool_path", config.direct_io == "on"))
     for setting, folder in (("cpu_pool_path", config.cpu_pool_path), ("l2_pool_path", config.l2_pool_path)):  # fmt: skip
         if folder is not None:
-            checks += _pool_checks(Path(folder), setting, config.pool_name)
+            found = _pool_checks(Path(folder), setting, config.pool_name)
+            checks += found or [Check.ok(f"{setting}: no pool files in {folder} yet")]
+    if config.cpu_pool_path is None:  # private pools: only what dead engines left
+        for folder in anonymous_l1_dirs():
+            checks += _pool_checks(folder, "cpu_pool_path (not set)", config.pool_name)
     return checks
 
 
@@ -177,8 +181,6 @@ def _pool_checks(directory: Path, setting: str, pool_name: str | None) -> list[C
                 f"{setting}: {path} has no running owner: the next server of that pool "
                 f"reuses its {info.blocks} blocks"
             ))  # fmt: skip
-    if not checks:
-        checks.append(Check.ok(f"{setting}: no pool files in {directory} yet"))
     return checks
 
 
