@@ -89,7 +89,11 @@ def test_l1_larger_than_dev_shm_names_docker_shm_size(shm_dir: Path) -> None:
     checks = doctor_checks({"cpu_pool_path": str(shm_dir), "cpu_bytes_to_use": need})
     check = _find(checks, f"cpu_bytes_to_use: cannot reserve {need} bytes in {shm_dir}")
     assert check.status is Status.FAIL
-    assert f"docker run --shm-size={-(-need // (1 << 30)) + 1}g" in check.fix
+    size = -(-need // (1 << 30)) + 1
+    assert check.fix == (
+        f"lower cpu_bytes_to_use or grow /dev/shm (mount -o remount,size={size}G /dev/shm; "
+        f"in Docker: docker run --shm-size={size}g)"
+    )
     assert not shm_dir.exists()  # the doctor creates nothing
 
 

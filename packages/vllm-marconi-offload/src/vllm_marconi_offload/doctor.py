@@ -120,11 +120,13 @@ def _l1_checks(config: OffloadConfig) -> list[Check]:
         check_l1_room(directory, need, "cpu_bytes_to_use", also=also)
         free = free_bytes(directory)
     except InsufficientSpaceError as exc:
-        grow = ""
+        fix = "lower cpu_bytes_to_use or free space"
         if str(directory).startswith("/dev/shm"):
-            grow = f"; in Docker: docker run --shm-size={-(-need // (1 << 30)) + 1}g"
+            size = -(-need // (1 << 30)) + 1  # GiB, with room for vLLM's own shared memory
+            fix = (f"lower cpu_bytes_to_use or grow /dev/shm (mount -o remount,size={size}G "
+                   f"/dev/shm; in Docker: docker run --shm-size={size}g)")  # fmt: skip
         finding = (exc.strerror or str(exc)).split("; lower ")[0]  # the fix follows
-        return [Check.fail(finding, f"lower cpu_bytes_to_use or free space{grow}")]
+        return [Check.fail(finding, fix)]
     except OSError as exc:
         return [Check.fail(f"cpu_bytes_to_use: cannot read the free space of {directory}: "
                            f"{exc.strerror}", "choose another cpu_pool_path")]  # fmt: skip
