@@ -21,7 +21,7 @@ def test_defaults_are_single_tier_anonymous_auto() -> None:
     assert config.eviction_options == {}
     assert config.admission_threshold == 1
     assert config.l1_overflow == "demote"
-    assert config.load_mode == "layer_wise"
+    assert config.load_mode == "auto"
 
 
 def test_marconi_when_asked_for_is_the_seeds() -> None:
@@ -86,7 +86,7 @@ def test_seed_quickstart_config_is_accepted() -> None:
         ({"l1_overflow": "refuse"}, "l1_overflow must be one of ['drop_unwritten', 'demote']"),
         (
             {"load_mode": "sync"},
-            "load_mode must be one of ['async', 'same_step', 'layer_wise'], got 'sync'",
+            "load_mode must be one of ['auto', 'async', 'same_step', 'layer_wise'], got 'sync'",
         ),
     ],
 )
@@ -247,29 +247,64 @@ def test_a_newly_registered_policy_needs_no_plugin_edit() -> None:
     assert config.eviction_policy == "test-plugin-lru"
 
 
-@pytest.mark.vllm  # the worker's modules import torch
-def test_gpu_data_path_environment_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vllm_marconi_offload.cuda_mover import DEFAULT_STAGING_BYTES, staging_bytes_from_env
-    from vllm_marconi_offload.worker import copy_mode_from_env
+GPU_VARIABLES = (
+    "VLLM_MARCONI_OFFLOAD_COPY",
+    "VLLM_MARCONI_OFFLOAD_STAGING_MIB",
+    "VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM",
+)
 
-    monkeypatch.delenv("VLLM_MARCONI_OFFLOAD_STAGING_MIB", raising=False)
-    assert staging_bytes_from_env() == DEFAULT_STAGING_BYTES
+
+def test_gpu_data_path_settings_are_keys_also_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for variable in GPU_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    config = OffloadConfig.from_extra_config({})
+    assert (config.copy_path, config.staging_bytes, config.pcie_programs_per_sm) == (
+        "async",
+        None,
+        1,
+    )
+    config = OffloadConfig.from_extra_config(
+        {"copy_path": "direct", "staging_bytes": "1GiB", "pcie_programs_per_sm": 2}
+    )
+    assert (config.copy_path, config.staging_bytes, config.pcie_programs_per_sm) == (
+        "direct",
+        1 << 30,
+        2,
+    )
+    monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_COPY", "generic")
     monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_STAGING_MIB", "512")
-    assert staging_bytes_from_env() == 512 << 20
-    for bad in ("2GiB", "0", "-1"):
-        monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_STAGING_MIB", bad)
-        with pytest.raises(ConfigError, match=r"VLLM_MARCONI_OFFLOAD_STAGING_MIB.*positive"):
-            staging_bytes_from_env()
-    monkeypatch.delenv("VLLM_MARCONI_OFFLOAD_COPY", raising=False)
-    assert copy_mode_from_env() == "async"
-    for mode in ("generic", "direct", "async-per-layer"):
-        monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_COPY", mode)
-        assert copy_mode_from_env() == mode
-    monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_COPY", "fast")
-    with pytest.raises(
-        ConfigError, match="accepted values are async, direct, async-per-layer, generic"
-    ):
-        copy_mode_from_env()
+    monkeypatch.setenv("VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM", "4")
+    config = OffloadConfig.from_extra_config({})
+    assert (config.copy_path, config.staging_bytes, config.pcie_programs_per_sm) == (
+        "generic",
+        512 << 20,
+        4,
+    )
+    # A key given in the configuration wins over its variable.
+    assert OffloadConfig.from_extra_config({"copy_path": "async"}).copy_path == "async"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("VLLM_MARCONI_OFFLOAD_COPY", "fast", "copy_path must be one of ['async', 'direct', "),
+        ("VLLM_MARCONI_OFFLOAD_STAGING_MIB", "0", "staging_bytes must be a byte count >= 1"),
+        ("VLLM_MARCONI_OFFLOAD_STAGING_MIB", "-1", "staging_bytes must be a byte count >= 1"),
+        ("VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM", "two", "pcie_programs_per_sm must be an "),
+        ("VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM", "0", "pcie_programs_per_sm must be an "),
+    ],
+)
+def test_a_bad_gpu_variable_names_the_variable_and_the_key(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, message: str
+) -> None:
+    for other in GPU_VARIABLES:
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as error:
+        OffloadConfig.from_extra_config({})
+    assert str(error.value).startswith(f"{variable}={value!r}: {message}"), str(error.value)
 
 
 def write(path: Path, text: str) -> str:
@@ -312,7 +347,10 @@ def test_the_environment_names_the_file_when_config_file_is_not_set(
             "cpu_bytes_to_use: lots\n",
             "{path}: cpu_bytes_to_use must be a byte count in [1, 2^60] such as 8GiB",
         ),
-        ("load_mode: sync\n", "{path}: load_mode must be one of ['async', 'same_step', 'layer"),
+        (
+            "load_mode: sync\n",
+            "{path}: load_mode must be one of ['auto', 'async', 'same_step', 'layer",
+        ),
         ("eviction_policy: fifo\n", "{path}: eviction_policy: eviction policy 'fifo' is unk"),
         ("l2_pool_path: /l2\n", "{path}: l2_pool_path is set: l2_bytes_to_use must be"),
         ("config_file: other.yaml\n", "{path}: config_file cannot name another file"),

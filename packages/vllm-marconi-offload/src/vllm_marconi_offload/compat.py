@@ -87,5 +87,16 @@ def tensor_parallel_rank() -> int:
     return int(get_tensor_model_parallel_rank())
 
 
+def rank_zero_choice(choice: str) -> str:
+    """Tensor-parallel rank 0's `choice`, on every rank (a broadcast over vLLM's
+    tensor-parallel group, so every rank must call it, and at the same point)."""
+    from vllm.distributed.parallel_state import get_tp_group
+
+    group = get_tp_group()
+    if group.world_size == 1:
+        return choice
+    return str(group.broadcast_object(choice, src=0))
+
+
 def pythonhashseed() -> str | None:
     return os.environ.get("PYTHONHASHSEED")

@@ -19,13 +19,23 @@ from kvpool_mmap import L1Overflow, Setting, expose, setting, settings_of, store
 from .log import logger
 
 DEFAULT_CPU_BYTES = 8 << 30
-LOAD_MODES = ("async", "same_step", "layer_wise")
+LOAD_MODES = ("auto", "async", "same_step", "layer_wise")
+COPY_PATHS = ("async", "direct", "async-per-layer", "generic")
+DEFAULT_STAGING_BYTES = 2560 << 20
+"""Stores: a 16k-token prefill chunk of an 8B model (2 GiB); loads: four 128 MiB chunks."""
 EVICTION_ALIASES = {"eviction_decay": "decay", "eviction_reuse_mode": "reuse_mode"}
 """The seed's flat keys: aliases of the `marconi` policy's options in `eviction_options`
 (with another policy they are ignored, with a warning: `ignored_keys`)."""
 _STORE = store_settings()
 CONFIG_FILE_ENV = "MARCONI_OFFLOAD_CONFIG"
 """Names a YAML file of connector settings when `config_file` is not set."""
+ENVIRONMENT = {
+    "copy_path": ("VLLM_MARCONI_OFFLOAD_COPY", ""),
+    "staging_bytes": ("VLLM_MARCONI_OFFLOAD_STAGING_MIB", "MiB"),
+    "pcie_programs_per_sm": ("VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM", ""),
+}
+"""Keys also read from an environment variable (name, unit of a bare number), where
+neither `kv_connector_extra_config` nor the config file sets them."""
 
 
 class ConfigError(kv_offload_settings.ConfigError):
@@ -88,14 +98,39 @@ class OffloadConfig:
     load_mode: str = setting(
         "choice",
         "When a hit's blocks reach the GPU: `same_step` (the request joins the batch at once "
-        "and the step's forward waits for the load), `layer_wise` (as `same_step`, but on a "
-        "CUDA worker each attention layer vLLM runs eagerly waits only for its own layer) or "
-        "`async` (the request waits out of the batch until its load has landed). Models with "
-        "state (Mamba, linear-attention) groups always load `async`. `layer_wise` reads host "
-        "memory from the GPU's cores, whose PCIe rate varies by host: it was the fastest on "
-        "an H200, but `same_step` was on one H100 host (docs/benchmarks.md).",
-        "layer_wise",
+        "and the step's forward waits for the load, which the GPU's copy engine moves), "
+        "`layer_wise` (as `same_step`, but kernels on the GPU's cores read the load layer by "
+        "layer and each attention layer vLLM runs eagerly waits only for its own layer), "
+        "`auto` (at start each worker times both on a wave of this model's blocks and keeps "
+        "`layer_wise` unless its rate is under 0.85x the copy engine's; one `load_mode auto:` "
+        "line gives both rates and the choice; CPU workers copy synchronously: `same_step`) "
+        "or `async` (the request waits out of the batch until its load has landed). Models "
+        "with state (Mamba, linear-attention) groups always load `async`.",
+        "auto",
         choices=LOAD_MODES,
+    )
+    copy_path: str = setting(
+        "choice",
+        "How a CUDA worker moves blocks (see GPU data path below); `generic` is what CPU "
+        "vLLM and a non-page-lockable L1 use. Also read from `VLLM_MARCONI_OFFLOAD_COPY`.",
+        "async",
+        choices=COPY_PATHS,
+    )
+    staging_bytes: int | None = setting(
+        "bytes",
+        "GPU memory for the staging buffers of the chunked DMA (loads take up to 512 MiB, "
+        "stores the rest; not set: 2.5 GiB), allocated outside vLLM's KV budget: leave room "
+        "for it in `--gpu-memory-utilization`. Also read from "
+        "`VLLM_MARCONI_OFFLOAD_STAGING_MIB` (MiB).",
+        None,
+        optional=True,
+    )
+    pcie_programs_per_sm: int = setting(
+        "int",
+        "Programs per SM of the kernels that read or write L1 over PCIe: enough to keep the "
+        "link busy, few enough to leave the SMs to the forward beside them. Also read from "
+        "`VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM`.",
+        1,
     )
     hit_log_interval: int = setting(
         "int", "Log a `[CPU-OFFLOAD HIT]` line every this many finished lookups.", 10
@@ -145,15 +180,21 @@ class OffloadConfig:
         path = inline.pop("config_file", None) or os.environ.get(CONFIG_FILE_ENV) or None
         from_file = _read_config_file(path) if path is not None else {}
         merged = {**from_file, **inline}
+        from_env = _from_environment(merged)
 
-        def where(*keys: str) -> str:  # the file, if it gave every one of these keys
+        def where(*keys: str) -> str:  # the file or variable, if it gave all these keys
+            if len(keys) == 1 and keys[0] in from_env:
+                variable = ENVIRONMENT[keys[0]][0]
+                return f"{variable}={os.environ[variable]!r}: "
             return f"{path}: " if path and all(k not in inline for k in keys) else ""
 
         _check_keys(inline, "kv_connector_extra_config")
         values = {}
         for name, declared in settings_of(cls).items():
             try:
-                values[name] = declared.check(merged.get(name, declared.default))
+                values[name] = declared.check(
+                    merged.get(name, from_env.get(name, declared.default))
+                )
             except kv_offload_settings.ConfigError as exc:
                 raise ConfigError(f"{where(name)}{exc}") from None
         if values["l2_pool_path"] is None and values["l2_bytes_to_use"]:
@@ -253,6 +294,17 @@ def _check_keys(values: Mapping[str, Any], where: str) -> None:
     unknown = sorted(set(values) - set(SETTINGS) - {"config_file"})
     if unknown:
         raise ConfigError(f"{where}: {unknown_keys_message(unknown, SETTINGS)}")
+
+
+def _from_environment(given: Mapping[str, Any]) -> dict[str, str]:
+    """The `ENVIRONMENT` keys that `given` lacks and whose variable is set, as text (a
+    bare number of a variable with a unit gets the unit)."""
+    values = {}
+    for key, (variable, unit) in ENVIRONMENT.items():
+        text = os.environ.get(variable, "").strip()
+        if key not in given and text:
+            values[key] = f"{text}{unit}" if unit and text.isdigit() else text
+    return values
 
 
 def _read_config_file(path: str) -> dict[str, Any]:

@@ -66,7 +66,7 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
                 spec.config.hit_log_interval,
             )
         else:
-            self._worker = spec.worker(compat.tensor_parallel_rank())
+            self._worker = spec.worker(compat.tensor_parallel_rank(), compat.rank_zero_choice)
 
     # -- worker side -------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:

@@ -24,27 +24,19 @@ asynchronously, and only then can the GPU address the rows.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from .block_copy import LayerBytes
-from .config import ConfigError
+from .config import DEFAULT_STAGING_BYTES, ConfigError
 from .triton_copy import GroupCopyPlan
 
-STAGING_ENV = "VLLM_MARCONI_OFFLOAD_STAGING_MIB"
-PROGRAMS_ENV = "VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM"
 CHUNK_BYTES = 128 << 20
 # Loads reuse a buffer once its GPU-local scatter is done, so a few keep the link busy;
 # stores reuse one only once it has crossed the link, so they get the rest.
 LOAD_RING_CHUNKS = 4
-# Kernels that read or write L1 rows over PCIe launch this many programs per SM: enough to
-# keep the link busy, few enough to leave the SMs to the forward pass beside them.
-HOST_PROGRAMS_PER_SM = 1
-# Stores: a whole 16k-token prefill chunk of an 8B model (2 GiB); loads: 4 chunks.
-DEFAULT_STAGING_BYTES = (2 << 30) + LOAD_RING_CHUNKS * CHUNK_BYTES
 # A chunk whose slots form more runs than this moves by kernel, not one DMA per run.
 MAX_DMA_RUNS = 4
 
@@ -56,41 +48,6 @@ def slot_runs(slots: Sequence[int]) -> Iterator[tuple[int, int, int]]:
         if i == len(slots) or slots[i] != slots[i - 1] + 1:
             yield start, slots[start], i - start
             start = i
-
-
-def host_programs_per_sm_from_env() -> int:
-    """Programs per SM of the kernels that cross PCIe
-    (`VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM`, default `HOST_PROGRAMS_PER_SM`)."""
-    value = os.environ.get(PROGRAMS_ENV, "").strip()
-    if not value:
-        return HOST_PROGRAMS_PER_SM
-    try:
-        programs = int(value)
-    except ValueError:
-        programs = 0
-    if programs < 1:
-        raise ConfigError(
-            f"{PROGRAMS_ENV}={value!r}: expected a positive whole number "
-            f"(default {HOST_PROGRAMS_PER_SM})"
-        )
-    return programs
-
-
-def staging_bytes_from_env() -> int:
-    """GPU bytes the staging ring may use (`VLLM_MARCONI_OFFLOAD_STAGING_MIB`)."""
-    value = os.environ.get(STAGING_ENV, "").strip()
-    if not value:
-        return DEFAULT_STAGING_BYTES
-    try:
-        mib = int(value)
-    except ValueError:
-        mib = 0
-    if mib < 1:
-        raise ConfigError(
-            f"{STAGING_ENV}={value!r}: expected a positive whole number of MiB "
-            f"(default {DEFAULT_STAGING_BYTES >> 20})"
-        )
-    return mib << 20
 
 
 @dataclass
@@ -134,11 +91,13 @@ class CudaBlockMover:
         kernel: bool = True,
         direct: bool = False,
         by_layer: bool = False,
+        programs_per_sm: int = 1,
     ) -> None:
         """`kernel`: gather and scatter with one Triton launch where the layout allows
         (else one torch copy per layer); `direct`: no staging, the kernel reaches the L1
         rows itself (needs the kernel for every group, else ConfigError); `by_layer`:
-        prepare `load_layers` (one kernel per layer)."""
+        prepare `load_layers` (one kernel per layer); `programs_per_sm`: programs per SM
+        of the kernels that cross PCIe (`pcie_programs_per_sm`)."""
         self._layers = layers
         self._device = device
         # Stores: gather (blocks -> staging) then copy (staging -> L1 rows).
@@ -156,8 +115,7 @@ class CudaBlockMover:
                 self._plans[group_id] = plan
             elif direct:
                 raise ConfigError(
-                    "direct copies need Triton and 8-byte aligned KV pages; "
-                    "use VLLM_MARCONI_OFFLOAD_COPY=async"
+                    "direct copies need Triton and 8-byte aligned KV pages; set copy_path to async"
                 )
         self._direct = direct
         # One plan per layer, for loads that land layer by layer (`load_layers`).
@@ -167,7 +125,7 @@ class CudaBlockMover:
             if all(plans):
                 self._layer_plans[group_id] = [plan for plan in plans if plan is not None]
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        self._host_programs = host_programs_per_sm_from_env() * sms
+        self._host_programs = programs_per_sm * sms
         share = staging_bytes // max(1, len(layers))  # the groups split the staging budget
         for group_id, group in layers.items():
             width = sum(layer.nbytes for layer in group)

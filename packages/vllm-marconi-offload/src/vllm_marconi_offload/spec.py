@@ -9,6 +9,7 @@ process, `worker(rank)` in each worker. Importing it does not import vLLM (nor t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -123,13 +124,12 @@ class OffloadSpec:
         )
         return scheduler
 
-    def worker(self, rank: int) -> OffloadWorker:
-        """The worker side of tensor-parallel rank `rank` (imports torch)."""
+    def worker(self, rank: int, agree: Callable[[str], str]) -> OffloadWorker:
+        """The worker side of tensor-parallel rank `rank` (imports torch); `agree` makes
+        every rank use rank 0's `load_mode="auto"` choice."""
         from .worker import OffloadWorker
 
-        return OffloadWorker(
-            self.store_config, self.layout, rank, layer_wise=self.config.load_mode == "layer_wise"
-        )
+        return OffloadWorker(self.store_config, self.layout, rank, self.config, agree=agree)
 
     def _warn_if_hashes_change(self) -> None:
         if not self.config.has_l2:

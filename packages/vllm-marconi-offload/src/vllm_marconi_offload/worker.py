@@ -6,21 +6,20 @@ they are reported; a same-step load's request is in this step's batch, so the st
 forward waits for the load (on the GPU, its stream waits for the load's events). Stores
 start in `wait_for_save`, after the forward. With `load_mode="layer_wise"` a same-step load
 lands layer by layer where vLLM runs the step's attention layers eagerly, each waiting only
-for its own layer (`LayerWaits`), so the load overlaps the forward.
+for its own layer (`LayerWaits`), so the load overlaps the forward. `load_mode="auto"`
+times both paths when the KV cache is registered and keeps one (`load_choice`).
 
 On a CUDA KV cache with a page-locked L1 both run asynchronously (`CudaBlockMover`): a
 load is reported finished, and a store committed, only once its events have completed, so
 the scheduler never unpins or publishes an L1 slot whose copy is still in flight. Later
 kernels wait only for a store's GPU-side gather, never for its PCIe transfer. All jobs of
 a step move together: one mover call per KV-cache group, whatever the number of requests.
-Elsewhere (CPU vLLM, or `VLLM_MARCONI_OFFLOAD_COPY=generic`) `BlockCopier` copies
-synchronously.
+Elsewhere (CPU vLLM, or `copy_path="generic"`) `BlockCopier` copies synchronously.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 import weakref
 from collections import Counter
@@ -31,11 +30,13 @@ import torch
 from kvpool_mmap import StoreConfig, open_l1_rank
 from vllm_kv_identity.block_copy import BlockCopier
 
-from .block_copy import layer_views, physical_layout, slot_copier
-from .config import ConfigError
-from .cuda_mover import CudaBlockMover, staging_bytes_from_env
+from .block_copy import LayerBytes, layer_views, physical_layout, slot_copier
+from .config import DEFAULT_STAGING_BYTES, OffloadConfig
+from .cuda_mover import CudaBlockMover
 from .layer_waits import LayerWaits
 from .layout import SlotLayout
+from .load_choice import LoadRates, auto_line, choose_load_mode
+from .load_timing import time_load_paths
 from .log import logger
 from .metadata import OffloadMetadata, TransferJob, WorkerReport
 from .pool import (
@@ -45,34 +46,34 @@ from .pool import (
     with_physical_layout,
 )
 
-COPY_ENV = "VLLM_MARCONI_OFFLOAD_COPY"
-COPY_MODES = ("async", "direct", "async-per-layer", "generic")
 _K = TypeVar("_K")
 
 
-def copy_mode_from_env() -> str:
-    """`VLLM_MARCONI_OFFLOAD_COPY`: `async` (default: staged DMA on CUDA side streams, one
-    Triton launch per chunk to gather or scatter the layers), `direct` (the GPU reads and
-    writes the L1 rows itself, one launch per step), `async-per-layer` (staged DMA with one
-    torch copy per layer, the path before the kernel) or `generic` (synchronous torch
-    copies)."""
-    mode = os.environ.get(COPY_ENV, "").strip() or "async"
-    if mode not in COPY_MODES:
-        raise ConfigError(f"{COPY_ENV}={mode!r}: accepted values are {', '.join(COPY_MODES)}")
-    return mode
+def _same(choice: str) -> str:
+    return choice
 
 
 class OffloadWorker:
     """Executes the scheduler's transfer jobs against this rank's L1 file."""
 
     def __init__(
-        self, store_config: StoreConfig, layout: SlotLayout, rank: int, *, layer_wise: bool = False
+        self,
+        store_config: StoreConfig,
+        layout: SlotLayout,
+        rank: int,
+        config: OffloadConfig,
+        *,
+        agree: Callable[[str], str] = _same,
     ) -> None:
-        """`layer_wise`: same-step loads land layer by layer where the forward allows."""
+        """`config`: the connector's settings (load mode, copy path); `agree`: called by
+        every tensor-parallel rank with its `auto` choice, returns the one all ranks use
+        (rank 0's)."""
         self._store_config = store_config
         self._layout = layout
         self._rank = rank
-        self._layer_wise = layer_wise
+        self._config = config
+        self._agree = agree
+        self._layer_wise = config.load_mode == "layer_wise"
         self._layer_waits: LayerWaits[torch.cuda.Event] = LayerWaits(
             {group.group_id: [layer.name for layer in group.layers] for group in layout.groups}
         )
@@ -89,8 +90,9 @@ class OffloadWorker:
         self._unpublish: Callable[[], object] | None = None
 
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
-        """Map the KV cache tensors and create this rank's L1 file."""
-        mode = copy_mode_from_env()
+        """Map the KV cache tensors, create this rank's L1 file and, under
+        `load_mode="auto"`, choose the load path."""
+        mode = self._config.copy_path
         layers = layer_views(self._layout, kv_caches)
         physical = physical_layout(self._layout, kv_caches)
         reclaim_anonymous_l1(self._store_config)
@@ -111,10 +113,11 @@ class OffloadWorker:
             self._mover = CudaBlockMover(
                 layers,
                 first.device,
-                staging_bytes_from_env(),
+                self._config.staging_bytes or DEFAULT_STAGING_BYTES,
                 kernel=mode != "async-per-layer",
                 direct=mode == "direct",
-                by_layer=self._layer_wise,
+                by_layer=self._config.load_mode in ("layer_wise", "auto"),
+                programs_per_sm=self._config.pcie_programs_per_sm,
             )
         logger.info(
             "vllm-marconi-offload worker rank %d: L1 %s, %d slots of %d bytes, %s copies",
@@ -124,6 +127,49 @@ class OffloadWorker:
             self._pool.shape[1],
             _describe(self._mover, mode),
         )
+        if self._config.load_mode == "auto":
+            self._layer_wise = self._choose_load_path(layers) == "layer_wise"
+
+    @property
+    def load_mode(self) -> str:
+        """The load mode in force (`auto` resolved once the KV cache is registered)."""
+        if self._config.load_mode == "auto" and self._pool is not None:
+            return "layer_wise" if self._layer_wise else "same_step"
+        return self._config.load_mode
+
+    def _choose_load_path(self, layers: Mapping[int, list[LayerBytes]]) -> str:
+        """`auto`: time both same-step paths (where both exist), agree on rank 0's choice
+        and log it once (rank 0)."""
+        if self._mover is None:
+            rates = LoadRates(
+                None,
+                None,
+                note="layer_wise needs a CUDA KV cache and a page-locked L1; "
+                "this worker copies synchronously",
+                same_step_label="synchronous copies",
+            )
+        elif any(not group.is_attention for group in self._layout.groups):
+            rates = LoadRates(
+                None, None, note="not timed: this model's state groups load asynchronously"
+            )
+        else:
+            assert self._pool is not None
+            label = "direct kernel" if self._config.copy_path == "direct" else "copy engine"
+            rates = time_load_paths(
+                self._mover,
+                self._pool,
+                {
+                    group_id: sum(layer.nbytes for layer in group)
+                    for group_id, group in layers.items()
+                },
+                {group_id: len(group) for group_id, group in layers.items()},
+                self._layout.num_gpu_blocks,
+                label,
+            )
+        choice = self._agree(choose_load_mode(rates))
+        if self._rank == 0:
+            logger.info("vllm-marconi-offload worker rank 0: %s", auto_line(rates, choice))
+        return choice
 
     def start_loads(self, meta: OffloadMetadata, *, layer_waits: bool = False) -> None:
         """Start this step's loads. `layer_waits`: the forward will call
