@@ -8,7 +8,10 @@ stored as (blocks, 16, heads, 256). The worker gets `OffloadMetadata` exactly as
 scheduler and copies into its real page-locked L1 file in /dev/shm.
 
 Usage: python transfer_bench.py [--blocks 1024] [--reps 5] [--modes async,direct,...]
-(writes $OUT/transfer.json). `--wave N` adds a step that loads N jobs of 375 blocks (a
+(writes $OUT/transfer.json). Modes: the copy paths (`copy_path`), `layer-wise` (loads as
+`load_mode=layer_wise` issues them) and `auto` (the worker times both load paths at start
+as `load_mode=auto` does, logs its `load_mode auto:` line, and loads by the one it keeps;
+the JSON's `load_mode` says which). `--wave N` adds a step that loads N jobs of 375 blocks (a
 6,000-token session each, as in the multi-turn benchmark) at once. Each mode also reports
 `store_during_load`: how long the caller's stream waits for a 16-block store issued while
 a load of `--blocks` blocks crosses the link; `--beside` adds `compute_beside_load`: a
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import shutil
@@ -42,9 +46,10 @@ import torch  # noqa: E402
 from gpu_timing import rate, sync, timed  # noqa: E402
 from kvpool_mmap import StoreConfig, TierConfig  # noqa: E402
 from vllm_marconi_offload import cuda_mover  # noqa: E402
+from vllm_marconi_offload.config import OffloadConfig  # noqa: E402
 from vllm_marconi_offload.layout import SlotLayout  # noqa: E402
 from vllm_marconi_offload.metadata import BlockTransfer, OffloadMetadata, TransferJob  # noqa: E402
-from vllm_marconi_offload.worker import COPY_ENV, OffloadWorker  # noqa: E402
+from vllm_marconi_offload.worker import OffloadWorker  # noqa: E402
 
 RANK = int(os.environ.get("GPU_BENCH_RANK", "0"))  # under GPU_BENCH_TP=N: this process's rank
 LAYERS, HEADS, HEAD_SIZE, BLOCK = 32, 8 // model_8b.TP, 128, 16
@@ -89,9 +94,11 @@ class Bench:
 
     def __init__(self, num_gpu_blocks: int, blocks: int, mode: str, device: str) -> None:
         # `layer-wise`: the async path's stores, loads as `load_mode=layer_wise` issues them
-        # (same-step, one kernel per layer), each layer waited for as the forward would.
-        self.layer_wise = mode == "layer-wise"
-        os.environ[COPY_ENV] = "async" if self.layer_wise else mode
+        # (same-step, one kernel per layer), each layer waited for as the forward would;
+        # `auto`: as `layer-wise` or as same-step `async`, whichever the worker keeps.
+        load_mode = {"layer-wise": "layer_wise", "auto": "auto"}.get(mode, "async")
+        copy_path = "async" if load_mode != "async" else mode
+        settings = OffloadConfig.from_extra_config({"load_mode": load_mode, "copy_path": copy_path})
         self.caches = kv_caches(num_gpu_blocks, device)
         self.layout = layout_for(list(self.caches), num_gpu_blocks)
         config = StoreConfig(
@@ -103,8 +110,11 @@ class Bench:
             ),
             tp_size=model_8b.TP,
         )
-        self.worker = OffloadWorker(config, self.layout, rank=RANK, layer_wise=self.layer_wise)
+        self.worker = OffloadWorker(config, self.layout, RANK, settings)
         self.worker.register_kv_caches(self.caches)
+        self.load_mode = self.worker.load_mode
+        self.layer_wise = self.load_mode == "layer_wise"
+        self.same_step = self.load_mode != "async"
         self.forward()  # what teaches the worker the forward's layer order
         self._mover = self.worker._mover  # compute_beside_load varies it
         self.pool = self.worker._pool
@@ -122,7 +132,7 @@ class Bench:
     def job(self, gpu_blocks: list[int], slots: list[int], *, load: bool = False) -> TransferJob:
         self.jobs += 1
         transfer = BlockTransfer(0, tuple(gpu_blocks), tuple(slots))
-        same_step = load and self.layer_wise
+        same_step = load and self.same_step
         return TransferJob(self.jobs, f"req-{self.jobs}", (transfer,), same_step=same_step)
 
     def store(self, gpu_blocks: list[int], slots: list[int]) -> None:
@@ -147,7 +157,7 @@ class Bench:
         if self.layer_wise:
             self.forward()
         self.worker.drain()
-        done = self.worker.take_report() if self.layer_wise else self.worker.take_finished_loads()
+        done = self.worker.take_report() if self.same_step else self.worker.take_finished_loads()
         assert done
 
     def issued(self, fn: Callable[[], None], reps: int, nbytes: int) -> dict[str, float]:
@@ -293,7 +303,9 @@ def main() -> None:
     parser.add_argument("--gpu-blocks", type=int, default=4096)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument(
-        "--modes", default="async-per-layer,async,direct", help="copy modes, or layer-wise"
+        "--modes",
+        default="async-per-layer,async,direct",
+        help="copy paths, layer-wise or auto",
     )
     parser.add_argument("--wave", type=int, default=0, help="jobs per step in the wave test")
     parser.add_argument("--cpu-smoke", action="store_true", help="check the script on CPU")
@@ -301,6 +313,7 @@ def main() -> None:
         "--beside", action="store_true", help="async mode: compute_beside_load, five ways"
     )
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the worker's lines
     batch = args.blocks * PAGE * LAYERS
     result: dict[str, Any] = {
         "blocks": args.blocks,
@@ -312,6 +325,9 @@ def main() -> None:
         generic = Bench(args.gpu_blocks, args.blocks, "generic", "cpu")
         result["worker_generic"] = generic.run(1)
         generic.close()
+        auto = Bench(args.gpu_blocks, args.blocks, "auto", "cpu")
+        result["worker_auto"] = {**auto.run(1), "load_mode": auto.load_mode}
+        auto.close()
         print(json.dumps(result, indent=1))
         return
     result.update(device=torch.cuda.get_device_name(), torch=torch.__version__)
@@ -324,7 +340,7 @@ def main() -> None:
             continue
         if "ceiling" not in result:
             result["ceiling"] = ceilings(batch, args.reps, bench.pool)
-        result[f"worker_{mode}"] = bench.run(args.reps)
+        result[f"worker_{mode}"] = {**bench.run(args.reps), "load_mode": bench.load_mode}
         if args.wave:
             result[f"worker_{mode}"]["wave"] = bench.wave(args.wave, args.reps)
         result[f"worker_{mode}"]["store_during_load"] = bench.store_during_load(args.reps)
