@@ -44,21 +44,23 @@ def baseline(tiny_llama: str, run_engine: Callable[..., EngineRun]) -> EngineRun
     return run_engine({"model": tiny_llama, "phases": [{"prompts": [PROMPT_A, PROMPT_B]}]})
 
 
-@pytest.mark.parametrize("load_mode", ["async", "same_step", "layer_wise"])
+@pytest.mark.parametrize("load_mode", [None, "async", "same_step", "layer_wise"])
 def test_l1_hits_after_prefix_cache_reset_give_identical_tokens(
     tiny_llama: str,
     run_engine: Callable[..., EngineRun],
     baseline: EngineRun,
     tmp_path: Path,
-    load_mode: str,
+    load_mode: str | None,
 ) -> None:
     """Every load mode serves the same tokens, and unpins what it loaded (the connector's
     reset then drops every block). `layer_wise` loads as `same_step` here (CPU workers copy
-    synchronously), after learning that vLLM's forward waits for every layer."""
+    synchronously), after learning that vLLM's forward waits for every layer. The default,
+    `auto`, says in one line that the CPU worker has one path, and loads `same_step`."""
+    mode = {"load_mode": load_mode} if load_mode else {}
     spec = {
         "model": tiny_llama,
         "kv_transfer_config": connector_config(
-            cpu_pool_path=str(tmp_path / "l1"), cpu_bytes_to_use=64 << 20, load_mode=load_mode
+            cpu_pool_path=str(tmp_path / "l1"), cpu_bytes_to_use=64 << 20, **mode
         ),
         "phases": [
             {"prompts": [PROMPT_A, PROMPT_B]},
@@ -83,6 +85,11 @@ def test_l1_hits_after_prefix_cache_reset_give_identical_tokens(
     if load_mode == "layer_wise":
         learned = run.last_line("load_mode=layer_wise: the forward waits for")
         assert "waits for 2 of 2 layers one by one" in learned, learned
+    if load_mode is None:
+        chosen = run.last_line("load_mode auto:")
+        assert "layer_wise not timed, same_step (synchronous copies) not timed -> same_step" in (
+            chosen
+        ), chosen
 
 
 def evict_a_to_l2(model: str, tmp_path: Path, **extra: object) -> dict[str, object]:
