@@ -39,8 +39,13 @@ def first_error(log: str) -> str:
             None,
             ["cpu_bytes_to_use: cannot reserve 1099511627776000 bytes in ", "or free space"],
         ),
+        (  # the same from the config file: the line names the file
+            {},
+            "cpu_bytes_to_use: 1000TiB\n",
+            ["{file}: cpu_bytes_to_use: cannot reserve 1099511627776000 bytes in "],
+        ),
     ],
-    ids=["inline", "config-file", "no-room"],
+    ids=["inline", "config-file", "no-room", "no-room-config-file"],
 )
 def test_a_bad_setting_is_the_first_error_in_one_line(
     tiny_llama: str,

@@ -11,6 +11,8 @@ import threading
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from vllm_kv_identity.vocabulary import LATENCY_BUCKETS
+
 from .lookup import Answer
 
 if TYPE_CHECKING:
@@ -62,7 +64,6 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     MEMBER_DOWN: ("counter", "Times a member was marked down (missed a deadline).", ("member",)),
     MEMBER_UP: ("counter", "Times a down member answered a probe and serves again.", ("member",)),
 }
-BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
@@ -77,7 +78,7 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
             out[name] = c.OffloadingGaugeMetadata(documentation=doc, labelnames=labels)
         else:
             out[name] = c.OffloadingHistogramMetadata(
-                documentation=doc, labelnames=labels, buckets=BUCKETS
+                documentation=doc, labelnames=labels, buckets=LATENCY_BUCKETS
             )
     return out
 

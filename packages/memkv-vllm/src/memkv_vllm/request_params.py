@@ -16,14 +16,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from vllm_kv_identity.vocabulary import (
+    OFFLOAD_PRIORITIES,
+    OFFLOAD_PRIORITY,
+    offload_priority_error,
+)
+
 from . import _compat as c
 
-__all__ = ["OFFLOAD_PRIORITY", "PRIORITIES", "loads_from_shared_store", "stores_to_shared_store"]
+__all__ = ["loads_from_shared_store", "stores_to_shared_store"]
 
 log = logging.getLogger("vllm.memkv_vllm")
-
-OFFLOAD_PRIORITY = "offload_priority"
-PRIORITIES = ("low", "normal", "high")
 
 
 class _Stores:
@@ -42,11 +45,10 @@ def stores_to_shared_store(req_context: Any) -> bool:
     params = getattr(req_context, "kv_transfer_params", None) or {}
     value = params.get(OFFLOAD_PRIORITY, "normal")
     allowed = value in ("normal", "high")
-    if value not in PRIORITIES:
+    if value not in OFFLOAD_PRIORITIES:
         log.warning(
-            "memkv-vllm: request %s: kv_transfer_params[%r] must be one of %s; got %r: "
-            "its blocks are not stored",
-            getattr(req_context, "req_id", "?"), OFFLOAD_PRIORITY, ", ".join(PRIORITIES), value,
+            "memkv-vllm: request %s: %s: its blocks are not stored",
+            getattr(req_context, "req_id", "?"), offload_priority_error(value),
         )  # fmt: skip
     set_state = getattr(req_context, "set_state", None)
     if set_state is not None:

@@ -7,6 +7,8 @@
   one store key (the packing of vLLM's own `OffloadKey`).
 * `aligned_external_hit_tokens`, `mamba_alignment_tokens`: where an external hit may end
   on a model with Mamba layers.
+* `vllm_kv_identity.vocabulary`: the `kv_transfer_params` keys, `offload_priority`
+  values, tier media and localities, and the latency buckets both plugins use.
 
 Standard library and `packaging` only: nothing here imports vLLM; callers pass in what
 they read from it. The plugins' data paths also share `vllm_kv_identity.block_copy` (the

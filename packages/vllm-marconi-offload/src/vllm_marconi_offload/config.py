@@ -167,6 +167,12 @@ class OffloadConfig:
     )
     extra: Mapping[str, Any] = field(default_factory=dict)
     """The keys as the user gave them."""
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """Where each key not given inline came from (`path: `), for error messages."""
+
+    def where(self, key: str) -> str:
+        """`<file>: ` if the config file gave `key`, else "" (the prefix of an error)."""
+        return self.origins.get(key, "")
 
     @property
     def has_l2(self) -> bool:
@@ -212,7 +218,8 @@ class OffloadConfig:
         except ConfigError as exc:
             keys = (*EVICTION_ALIASES, "eviction_policy", "eviction_options")
             raise ConfigError(f"{where(*(k for k in keys if k in merged))}{exc}") from None
-        config = cls(**values, extra=merged)
+        origins = {name: where(name) for name in settings_of(cls) if name in merged}
+        config = cls(**values, extra=merged, origins=origins)
         config.warn_ignored_keys()
         return config
 

@@ -75,7 +75,7 @@ def _check_l1_room(vllm_config: Any, config: OffloadConfig) -> None:
         hint = (
             " (in Docker: docker run --shm-size)" if str(directory).startswith("/dev/shm") else ""
         )
-        raise ConfigError(f"{exc.strerror}{hint}") from exc
+        raise ConfigError(f"{config.where('cpu_bytes_to_use')}{exc.strerror}{hint}") from exc
 
 
 def _offloading_flag_set(vllm_config: Any) -> bool:

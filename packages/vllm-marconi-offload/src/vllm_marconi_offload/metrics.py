@@ -15,6 +15,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
     KVConnectorStats,
 )
+from vllm_kv_identity.vocabulary import LATENCY_BUCKETS
 
 # stats key -> (metric name, help, tier label or None)
 _COUNTERS: dict[str, tuple[str, str, str | None]] = {
@@ -90,7 +91,6 @@ _HISTOGRAMS: dict[str, tuple[str, str]] = {
         "Seconds from queueing a store (GPU -> L1) to every worker finishing it.",
     ),
 }
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 _GAUGE_NAMES = frozenset(name for name, _, _ in _GAUGES.values())

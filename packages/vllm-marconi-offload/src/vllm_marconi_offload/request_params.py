@@ -29,20 +29,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kv_eviction.retention import Retention, parse_retention
+from kv_eviction.retention import Retention
 from kvpool_mmap import Tier
+from vllm_kv_identity.vocabulary import (
+    KV_LOAD_TIERS,
+    LOCAL,
+    LOCALITIES,
+    MAX_LOAD_TOKENS,
+    MAX_OFFLOAD_TOKENS,
+    MEDIA,
+    MEDIUM_CPU,
+    MEDIUM_STORAGE,
+    OFFLOAD_PRIORITIES,
+    OFFLOAD_PRIORITY,
+    offload_priority_error,
+)
 
-MAX_OFFLOAD_TOKENS = "max_offload_tokens"
-MAX_LOAD_TOKENS = "max_load_tokens"
-KV_LOAD_TIERS = "kv_load_tiers"
-OFFLOAD_PRIORITY = "offload_priority"
 ERROR_KEY = "marconi_offload_error"
 """The response's `kv_transfer_params` key that carries a rejected request's error."""
 
-TIER_PLACES = {Tier.L1: ("CPU", "LOCAL"), Tier.L2: ("STORAGE", "LOCAL")}
+TIER_PLACES = {Tier.L1: (MEDIUM_CPU, LOCAL), Tier.L2: (MEDIUM_STORAGE, LOCAL)}
 """Each tier's (medium, locality) as `kv_load_tiers` and the KV events name them."""
-MEDIA = ("CPU", "STORAGE")
-LOCALITIES = ("LOCAL", "REMOTE")
 
 
 class RequestParamsError(ValueError):
@@ -77,14 +84,9 @@ class RequestParams:
         """Parse `kv_transfer_params`; `RequestParamsError` names the first bad key."""
         tiers = params.get(KV_LOAD_TIERS)
         priority = params.get(OFFLOAD_PRIORITY)
-        try:
-            retention = (
-                Retention.NORMAL
-                if priority is None
-                else parse_retention(priority, f"kv_transfer_params[{OFFLOAD_PRIORITY!r}]")
-            )
-        except ValueError as exc:
-            raise RequestParamsError(str(exc)) from None
+        if priority is not None and priority not in OFFLOAD_PRIORITIES:
+            raise RequestParamsError(offload_priority_error(priority))
+        retention = Retention.NORMAL if priority is None else Retention[priority.upper()]
         return cls(
             max_offload_tokens=_tokens(params, MAX_OFFLOAD_TOKENS),
             max_load_tokens=_tokens(params, MAX_LOAD_TOKENS),
