@@ -392,9 +392,10 @@ class AutoPolicy(CandidatePolicy):
     def _resize(self, capacity: int) -> None:
         self._set_rate(capacity)
         self._epoch_length = max(int(capacity * EPOCH_TURNOVERS), self.min_epoch)
-        if self.current.reuse == "recency" or self.capacity:
-            # LRU keys do not depend on the capacity; after the first reading, keys keep
-            # the decay of the old capacity until touched (at most 25% off), no O(n) pass
+        if not self.current.keyed_by_capacity or self.capacity:
+            # keys without a decay (LRU, the cold start's Marconi shape) do not depend on
+            # the capacity; after the first reading, keys keep the decay of the old
+            # capacity until touched (at most 25% off): no O(n) pass
             self._set_rule(self.candidate, capacity)
         else:
             self._rekey(self.current, capacity)  # the cold start, if on, goes on

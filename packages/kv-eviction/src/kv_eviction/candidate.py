@@ -74,6 +74,12 @@ class Candidate:
     capacities' worth of inserted blocks (its probation window) before it goes below
     every other block; 0 sends it there at once."""
 
+    @property
+    def keyed_by_capacity(self) -> bool:
+        """Whether the rule's keys depend on the capacity (only through a decay): if not,
+        a new capacity leaves every tracked key as it is."""
+        return self.reuse != "recency" and self.decay_per_turnover != 0
+
     def log_key(self, uses: int, depth: int, last_use: int, capacity: int) -> float:
         """The rule's log-space key (lower is evicted first)."""
         return self.key_function(capacity)(uses, depth, last_use)
@@ -265,9 +271,9 @@ class RulePolicy(CandidatePolicy):
     def pop_victims(self, n: int) -> list[Hashable]:
         size = len(self._index)
         if size > self._resize_above or size < self._resize_below:
-            if self.candidate.reuse == "recency" or self.capacity:
-                # LRU keys do not depend on the capacity; after the first reading, keys
-                # keep the old capacity's decay until touched (at most 25% off)
+            if not self.candidate.keyed_by_capacity or self.capacity:
+                # keys without a decay do not depend on the capacity; after the first
+                # reading, keys keep the old capacity's decay until touched (at most 25% off)
                 self._set_rule(self.candidate, size)
             else:
                 self.rescore(self.candidate, size)  # once: the keys so far had no capacity
@@ -284,8 +290,7 @@ def _rule_factory(candidate: Candidate) -> Callable[..., RulePolicy]:
     return build
 
 
-# The `make_policy` factories of the fixed rules (kv-eviction's `kv_eviction.policies`
-# entry points name them).
+# The `make_policy` factories of the fixed rules (registered in `policy._built_ins`).
 build_doorkeeper_lru = _rule_factory(DOORKEEPER_LRU)
 build_doorkeeper_lfu = _rule_factory(DOORKEEPER_LFU)
 build_probation_lru = _rule_factory(PROBATION_LRU)
