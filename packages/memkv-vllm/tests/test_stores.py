@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,10 +38,13 @@ def cluster(tmp_path: Path) -> Iterator[MooncakeCluster]:
     c.stop()
 
 
-def open_on(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], **settings: Any) -> KVStore:
+def open_on(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], engine: str | None = None, **settings: Any
+) -> KVStore:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    return open_store(StoreConfig.resolve(settings, "test"), True, "test")
+    shared = {"engine": engine} if engine else {}
+    return open_store(StoreConfig.resolve(settings, "test"), True, "test", **shared)
 
 
 @pytest.fixture(params=["memkv", pytest.param("mooncake", marks=needs_mooncake)])
@@ -251,20 +255,30 @@ def wait_until(check: Callable[[], bool], timeout: float) -> float:
 
 
 @pytest.fixture(params=["memkv", pytest.param("mooncake-master", marks=needs_mooncake)])
-def stopped_member(
-    request: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[KVStore, subprocess.Popen[bytes]]]:
+def member(
+    request: Any, tmp_path: Path
+) -> Iterator[tuple[dict[str, str], subprocess.Popen[bytes]]]:
+    """A server's environment and the process to stop: `memkv serve`, or Mooncake's master."""
     if request.param == "memkv":
         server: Any = MemKVServer(tmp_path / "memkv.log").start()
         proc = server.proc
     else:
         server = MooncakeCluster(tmp_path, stores=2, segment_mb=16, client_ttl_s=10).start()
         proc = server.master
-    store = open_on(monkeypatch, server.env(), stall_budget_s=STALL_BUDGET)
+    yield server.env(), proc
+    os.kill(proc.pid, signal.SIGCONT)
+    server.stop()
+
+
+@pytest.fixture
+def stopped_member(
+    member: tuple[dict[str, str], subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[KVStore, subprocess.Popen[bytes]]]:
+    env, proc = member
+    store = open_on(monkeypatch, env, stall_budget_s=STALL_BUDGET)
     yield store, proc
     os.kill(proc.pid, signal.SIGCONT)
     store.close()
-    server.stop()
 
 
 def test_a_stopped_member_costs_one_budget_then_nothing_and_serves_again_after_sigcont(
@@ -289,7 +303,7 @@ def test_a_stopped_member_costs_one_budget_then_nothing_and_serves_again_after_s
     assert put[0].unavailable
     assert not got[0]
     assert not put[0]
-    assert not any(m.up for m in store.health())
+    assert not store.health()[0].up  # the server, or Mooncake's master
     os.kill(proc.pid, signal.SIGCONT)
     back = wait_until(lambda: store.exists(keys) == [True, True], timeout=30)
     print(f"serving hits again {back:.2f} s after SIGCONT")
@@ -329,4 +343,122 @@ def test_mooncake_store_process_stopped_then_resumed_serves_puts_again(
         assert while_stopped < STALL_BUDGET + SLACK
         store.close()
     finally:
+        cluster.stop()
+
+
+def test_a_member_one_store_found_down_costs_the_engines_other_stores_nothing(
+    member: tuple[dict[str, str], subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scheduler's and a worker's store of one engine (here in one process; the marks
+    are files, so processes share them the same way): one stop, one budget."""
+    env, proc = member
+    engine = f"test-{uuid.uuid4()}"
+    worker, scheduler = (open_on(monkeypatch, env, engine, stall_budget_s=STALL_BUDGET)
+                         for _ in range(2))  # fmt: skip
+    other_engine = open_on(monkeypatch, env, "another engine", stall_budget_s=STALL_BUDGET)
+    src = np.full((2, VALUE), 9, np.uint8)
+    keys = [b"shared/a", b"shared/b"]
+    try:
+        assert all(worker.batch_put([(k, src[i], VALUE) for i, k in enumerate(keys)]))
+        os.kill(proc.pid, signal.SIGSTOP)
+        got, first = timed(lambda: worker.batch_get_into([(keys[0], src[1], VALUE)]))
+        present, second = timed(lambda: scheduler.exists(keys))
+        _, elsewhere = timed(lambda: other_engine.exists(keys))
+        print(f"while stopped: the worker's get {first:.3f} s, then the scheduler's exists "
+              f"{second:.3f} s (another engine's {elsewhere:.3f} s)")  # fmt: skip
+        assert got[0].unavailable
+        assert present == [False, False]
+        assert first >= STALL_BUDGET  # the worker met the stopped member
+        assert second < STALL_BUDGET / 2  # the scheduler did not wait for it again
+        assert elsewhere >= STALL_BUDGET  # nothing shared beyond the engine
+        assert not scheduler.health()[0].up  # the server, or Mooncake's master
+        os.kill(proc.pid, signal.SIGCONT)
+        back = wait_until(lambda: scheduler.exists(keys) == [True, True], timeout=30)
+        print(f"the scheduler's store serves hits again {back:.2f} s after SIGCONT")
+        wait_until(lambda: scheduler.health()[0].up, timeout=5)
+        member = scheduler.health()[0]
+        assert (member.went_down, member.came_up) == (1, 1), member
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        for s in (worker, scheduler, other_engine):
+            s.close()
+
+
+@needs_mooncake
+def test_mooncake_master_stopped_costs_one_budget_and_registers_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls that time out keep their staging range (Mooncake may still write it); later
+    calls never register a new buffer (a request to the stopped master's metadata server,
+    outside any deadline): they are skipped at once, puts and gets alike."""
+    cluster = MooncakeCluster(tmp_path, stores=2, segment_mb=16, client_ttl_s=60).start()
+    assert cluster.master is not None
+    store = open_on(monkeypatch, cluster.env(), stall_budget_s=STALL_BUDGET)
+    src, dst = np.full((4, VALUE), 4, np.uint8), np.zeros((4, VALUE), np.uint8)
+    try:
+        assert all(store.batch_put([(b"warm", src[0], VALUE)]))
+        assert all(store.batch_get_into([(b"warm", dst[0], VALUE)]))
+        os.kill(cluster.master.pid, signal.SIGSTOP)
+        calls = []
+        for i in range(3):
+            new, into = [(f"new/{i}".encode(), src[i], VALUE)], [(b"warm", dst[i], VALUE)]
+            put, took = timed(lambda: store.batch_put(new))  # noqa: B023 (called at once)
+            got, took2 = timed(lambda: store.batch_get_into(into))  # noqa: B023
+            calls += [took, took2]
+            assert put[0].unavailable
+            assert got[0].unavailable
+        print(f"put, get, ... while the master is stopped: {[round(t, 3) for t in calls]} s")
+        assert max(calls) < STALL_BUDGET + SLACK
+        assert len([t for t in calls if t > STALL_BUDGET / 2]) == 1  # one budget in all
+        os.kill(cluster.master.pid, signal.SIGCONT)
+        wait_until(lambda: bool(store.batch_put([(b"after", src[3], VALUE)])[0]), timeout=30)
+        assert all(store.batch_get_into([(b"after", dst[3], VALUE)]))
+        assert (dst[3] == 4).all()
+    finally:
+        os.kill(cluster.master.pid, signal.SIGCONT)
+        store.close()
+        cluster.stop()
+
+
+@needs_mooncake
+def test_mooncake_stopped_store_process_costs_one_budget_then_only_its_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stopped store process (not the master), like a stopped memkv member: the first
+    get to meet it waits one budget, then only its keys read as unavailable while the
+    others are served, and puts go to the store processes that answer."""
+    cluster = MooncakeCluster(tmp_path, stores=3, segment_mb=16, client_ttl_s=60).start()
+    store = open_on(monkeypatch, cluster.env(), stall_budget_s=STALL_BUDGET)
+    n = 24
+    src, dst = np.full((n, VALUE), 6, np.uint8), np.zeros((n, VALUE), np.uint8)
+    keys = [f"spread/{i}".encode() for i in range(n)]
+    segment = cluster.segments[0]
+    try:
+        assert all(store.batch_put([(k, src[i], VALUE) for i, k in enumerate(keys)]))
+        items = [(k, dst[i], VALUE) for i, k in enumerate(keys)]
+        assert all(store.batch_get_into(items))
+        os.kill(segment.pid, signal.SIGSTOP)
+        rounds = [timed(lambda: store.batch_get_into(items)) for _ in range(4)]
+        puts = [timed(lambda: store.batch_put([(f"during/{i}".encode(), src[i], VALUE)
+                                                for i in range(8)])) for _ in range(3)]  # fmt: skip
+        print(f"gets while one store process is stopped: "
+              f"{[(sum(map(bool, got)), round(t, 3)) for got, t in rounds]} (served, s); puts "
+              f"{[(sum(map(bool, put)), round(t, 3)) for put, t in puts]}")  # fmt: skip
+        stalled = [i for i, r in enumerate(rounds[0][0]) if not r]
+        assert stalled, "no value sat on the stopped store process"
+        assert len(stalled) < n  # the others' keys were served
+        for got, _ in rounds:
+            assert [i for i, r in enumerate(got) if not r] == stalled
+            assert all(got[i].unavailable for i in stalled)
+        assert rounds[0][1] < STALL_BUDGET + SLACK
+        assert all(took < STALL_BUDGET / 2 for _, took in rounds[1:] + puts)
+        assert all(all(put) for put, _ in puts)  # placed on the store processes that answer
+        assert [m.address for m in store.health() if not m.up] != []
+        os.kill(segment.pid, signal.SIGCONT)
+        back = wait_until(lambda: all(store.batch_get_into(items)), timeout=30)
+        print(f"every key served again {back:.2f} s after SIGCONT")
+        assert (dst == 6).all()
+    finally:
+        os.kill(segment.pid, signal.SIGCONT)
+        store.close()
         cluster.stop()

@@ -100,7 +100,8 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
         """`events`: report what this engine stores and finds (vLLM's KV events are on)."""
         warn_if_hashes_differ_per_process()
         self._events = SharedTierEvents() if events else None
-        self._kv = open_store(store_config, True, "direct scheduler")
+        # the workers' stores share what they find down with this one (and back)
+        self._kv = open_store(store_config, True, "direct scheduler", engine=engine_id)
         self._ranks = range(world_size)
         self.prefix = adopt_prefix(
             self._kv, engine_id, len(self._ranks), cfg.memkv_publish_timeout_s

@@ -127,6 +127,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
             False,
             f"direct worker rank {self.rank}",
             gpu=device.index if device.type == "cuda" else None,
+            engine=config.engine_id,  # shares what it finds down with the scheduler's store
         )
         has_rdma = self._kv.has_rdma
         self.medium = choose_scratch_medium(cfg.memkv_scratch_medium, device, has_rdma)

@@ -27,11 +27,20 @@ __all__ = [
 ]
 
 
-def open_store(config: StoreConfig, probe: bool, who: str, gpu: int | None = None) -> KVStore:
+def open_store(
+    config: StoreConfig,
+    probe: bool,
+    who: str,
+    gpu: int | None = None,
+    engine: str | None = None,
+) -> KVStore:
     """The store `config.backend` names; with `probe`, fail now if it is unreachable.
 
     `who` names the caller in errors and logs; `gpu` is its CUDA device index, None
-    without one: over RDMA, a backend drives the NIC next to that GPU.
+    without one: over RDMA, a backend drives the NIC next to that GPU. `engine` (vLLM's
+    engine id) shares the members this store finds down with the engine's other stores
+    (`.health_board`; None: shared with none).
     """
-    store: KVStore = backend_class(config.backend)(config, probe=probe, who=who, gpu=gpu)
+    cls = backend_class(config.backend)
+    store: KVStore = cls(config, probe=probe, who=who, gpu=gpu, engine=engine)
     return store

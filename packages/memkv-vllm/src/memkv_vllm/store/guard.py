@@ -5,6 +5,7 @@ The backend cannot cancel a call, so one that misses its deadline keeps running 
 ("abandoned"); the member is then down: every call fails at once with
 `MemberUnavailableError` (no network), until every abandoned call has returned and the probe
 answers within the stall budget, tried on a background thread every `probe_interval_s`.
+A member another store of the engine found down (`.health_board`) is skipped the same way.
 Each transition is logged once, with the member's address. No vLLM import.
 """
 
@@ -16,11 +17,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
+from .health_board import HealthBoard
 from .protocol import MemberState
 
-__all__ = ["MemberGuard", "MemberUnavailableError"]
+__all__ = ["Call", "MemberGuard", "MemberUnavailableError"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 T = TypeVar("T")
@@ -36,11 +39,23 @@ class MemberUnavailableError(Exception):
         self.timed_out = timed_out
 
 
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """A call started by `MemberGuard.start`, to be waited on by `MemberGuard.finish`."""
+
+    op: str
+    future: Future[T]
+    deadline: float  # monotonic
+    deadline_s: float
+    release: Callable[[], None]
+
+
 class MemberGuard:
     """One member (`address`, described as `what` in logs) behind deadlines.
 
     `probe` is a cheap call that raises unless the member answers; it runs under
-    `budget_s`. Thread-safe.
+    `budget_s`. `board` shares this member's down verdicts with the engine's other
+    stores. Thread-safe.
     """
 
     def __init__(
@@ -50,12 +65,14 @@ class MemberGuard:
         probe: Callable[[], object],
         budget_s: float,
         probe_interval_s: float = 0.5,
+        board: HealthBoard | None = None,
     ) -> None:
         self.address = address
         self._what = what
         self._probe = probe
         self._budget = budget_s
         self._interval = probe_interval_s
+        self._board = board or HealthBoard(None)
         self._pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="memkv-guard")
         self._lock = threading.Lock()
         self._abandoned: set[Future[object]] = set()
@@ -68,11 +85,18 @@ class MemberGuard:
 
     @property
     def up(self) -> bool:
+        """Up for this store: not found down here, nor by another store of the engine."""
+        return self._up_here() and not self._board.skip(self.address)
+
+    def _up_here(self) -> bool:
         with self._lock:
             return self._down_since is None
 
     def state(self) -> MemberState:
-        return MemberState(self.address, self.up, self.went_down, self.came_up)
+        board = self._board
+        return MemberState(self.address, self.up,
+                           self.went_down + board.went_down.get(self.address, 0),
+                           self.came_up + board.came_up.get(self.address, 0))  # fmt: skip
 
     def run(
         self,
@@ -88,28 +112,39 @@ class MemberGuard:
         abandoned call finally returns; a call that returned in time leaves it to the
         caller.
         """
-        with self._lock:
-            if self._down_since is not None:
+        return self.finish(self.start(op, call, deadline_s, release))
+
+    def start(
+        self,
+        op: str,
+        call: Callable[[], T],
+        deadline_s: float,
+        release: Callable[[], None] = lambda: None,
+    ) -> Call[T]:
+        """`run`'s first half: start `call` now (raising at once while the member is
+        down); `finish` waits for it. Calls started together run in parallel."""
+        if not self.up:
+            with self._lock:
                 self.skipped += 1
-                down = True
-            else:
-                down = False
-        if down:
             release()
             raise MemberUnavailableError(self.address, False, f"{self._what} is down (skipped)")
-        future: Future[T] = self._pool.submit(call)
+        deadline = time.monotonic() + deadline_s
+        return Call(op, self._pool.submit(call), deadline, deadline_s, release)
+
+    def finish(self, call: Call[T]) -> T:
+        """`run`'s second half: the started call's result by its deadline."""
         try:
-            return future.result(timeout=deadline_s)
+            return call.future.result(timeout=max(0.0, call.deadline - time.monotonic()))
         except FutureTimeout:
             pass
         with self._lock:
             self.deadline_misses += 1
-            self._abandoned.add(future)  # type: ignore[arg-type]
-        future.add_done_callback(lambda f: self._finished(f, release))
-        self._mark_down(f"{op} missed its {deadline_s:.2f} s deadline")
-        raise MemberUnavailableError(
-            self.address, True, f"{op} timed out after {deadline_s:.2f} s ({self._what})"
-        )
+            self._abandoned.add(call.future)  # type: ignore[arg-type]
+        call.future.add_done_callback(lambda f: self._finished(f, call.release))
+        self._mark_down(f"{call.op} missed its {call.deadline_s:.2f} s deadline")
+        raise MemberUnavailableError(self.address, True,
+                                     f"{call.op} timed out after {call.deadline_s:.2f} s "
+                                     f"({self._what})")  # fmt: skip
 
     def _finished(self, future: Future[T], release: Callable[[], None]) -> None:
         release()
@@ -126,6 +161,7 @@ class MemberGuard:
             "memkv-vllm: %s %s is down (%s); its keys read as misses and stores are dropped "
             "until a background probe answers", self._what, self.address, reason,
         )  # fmt: skip
+        self._board.found_down(self.address, lambda: not self._up_here())
         threading.Thread(target=self._probe_until_up, name="memkv-guard-probe", daemon=True).start()
 
     def _probe_until_up(self) -> None:

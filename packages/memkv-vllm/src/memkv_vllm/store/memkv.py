@@ -5,6 +5,11 @@ A thin adapter: connection settings come from `MEMKV_CONFIG` / `MEMKV_*` exactly
 `MemKVStore`); the batch calls pass the caller's buffers straight to the client (no
 Python-side copies). Written against the client's public API only; its per-item results
 are read through `bool()` and an optional `cause`.
+
+The client keeps each member's health (deadlines, a background probe); this adapter
+shares it with the engine's other stores (`.health_board`): a member the client marks
+down is marked for the engine, and keys on a member another store marked down are left
+out of the call (routed as the client routes them, `memkv_client.routing`).
 """
 
 from __future__ import annotations
@@ -12,11 +17,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from memkv_client.routing import Router
 
 from ..rdma_nic import rank_nic
+from .health_board import HealthBoard
 from .protocol import Item, ItemOutcome, MemberState, StoreCounters
 from .settings import read_sources
 
@@ -28,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["MemKVStore", "servers_source"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
+T = TypeVar("T")
 
 
 def _outcome(result: Any) -> ItemOutcome:
@@ -73,7 +83,8 @@ class MemKVStore:
     candidates are the `rdma_devices` the user set (in `MEMKV_CONFIG`, else
     `MEMKV_RDMA_DEVICES`), else every NIC with an active port: the client's default
     `mlx5_0` pins no rank. Without a GPU, or with no candidate NIC in sysfs, the
-    client's own `rdma_devices` stays as it is.
+    client's own `rdma_devices` stays as it is. `engine`: share what this store finds
+    down with that engine's other stores (`.health_board`).
     """
 
     backend = "memkv"
@@ -86,10 +97,15 @@ class MemKVStore:
         who: str,
         gpu: int | None = None,
         sysfs: str | Path = "/sys",
+        engine: str | None = None,
     ) -> None:
         self._client = _client(config.sources or read_sources(), gpu, sysfs)
         self._config = config
         self._counters = StoreCounters()
+        self._servers = self._client.servers()
+        self._router = Router(self._servers)
+        self._board = HealthBoard(engine)
+        self._published = dict.fromkeys(self._servers, 0)  # went_down marked on the board
         if probe:
             self._probe(who)
 
@@ -121,22 +137,71 @@ class MemKVStore:
     def has_rdma(self) -> bool:
         return bool(self._client.has_rdma())
 
+    # --- sharing member health with the engine's other stores ---------------------------
+
+    def _shared(
+        self, keys: list[bytes], call: Callable[[list[int]], list[T]], skipped: Callable[[str], T]
+    ) -> list[T]:
+        """`call(positions)`'s answers for the keys on members this engine has up, and
+        `skipped(member)` for the others; then the client's new down members marked."""
+        down = {m for m in self._servers if self._board.skip(m)}
+        owner = [self._servers[self._router.route(k)] for k in keys] if down else []
+        send = [i for i in range(len(keys)) if not down or owner[i] not in down]
+        answers = call(send) if send else []
+        out = {i: a for i, a in zip(send, answers, strict=True)}
+        result = [out[i] if i in out else skipped(owner[i]) for i in range(len(keys))]
+        self._publish()
+        return result
+
+    def _publish(self) -> None:
+        """Mark each member the client found down since the last call, until it is up."""
+        for member in self._client.member_health():
+            if not member.up and member.went_down > self._published[member.address]:
+                self._published[member.address] = member.went_down
+                self._board.found_down(member.address, partial(self._down_here, member.address))
+
+    def _down_here(self, address: str) -> bool:
+        return not all(m.up for m in self._client.member_health() if m.address == address)
+
+    @staticmethod
+    def _skipped(member: str) -> ItemOutcome:
+        return ItemOutcome(False, f"member {member} is down (found by this engine; skipped)",
+                           member, True)  # fmt: skip
+
+    # --- data path ----------------------------------------------------------------------
+
     def exists(self, keys: list[bytes]) -> list[bool]:
         self._counters.add(exists_keys=len(keys))
-        return [bool(x) for x in self._client.exists(keys, timeout=self._config.deadline_s())]
+        timeout = self._config.deadline_s()
+
+        def call(send: list[int]) -> list[bool]:
+            found = self._client.exists([keys[i] for i in send], timeout=timeout)
+            return [bool(x) for x in found]
+
+        return self._shared(keys, call, lambda _: False)
 
     def register(self, buffer: Any) -> None:
         return None  # the client moves any buffer in place; RDMA registration is its own
 
     def batch_put(self, items: list[Item]) -> list[ItemOutcome]:
         timeout = self._config.deadline_s(_nbytes(items))
-        out = [_outcome(r) for r in self._client.batch_put_views(items, timeout=timeout)]
+
+        def call(send: list[int]) -> list[ItemOutcome]:
+            sent = self._client.batch_put_views([items[i] for i in send], timeout=timeout)
+            return [_outcome(r) for r in sent]
+
+        out = self._shared([k for k, _, _ in items], call, self._skipped)
         self._counters.count_puts(out, items)
         return out
 
     def batch_get_into(self, items: list[Item]) -> list[ItemOutcome]:
         timeout = self._config.deadline_s(_nbytes(items))
-        out = [_outcome(r) for r in self._client.batch_get_into(items, timeout=timeout)]
+
+        def call(send: list[int]) -> list[ItemOutcome]:
+            got = self._client.batch_get_into([items[i] for i in send], timeout=timeout)
+            return [_outcome(r) for r in got]
+
+        out = self._shared([k for k, _, _ in items], call, self._skipped)
         self._counters.count_gets(out, items)
         return out
 
@@ -155,10 +220,14 @@ class MemKVStore:
         return {"backend": self.backend, **self._counters.snapshot()}
 
     def health(self) -> list[MemberState]:
+        board = self._board
         return [
-            MemberState(m.address, m.up, m.went_down, m.came_up)
+            MemberState(m.address, m.up and not board.skip(m.address),
+                        m.went_down + board.went_down.get(m.address, 0),
+                        m.came_up + board.came_up.get(m.address, 0))
             for m in self._client.member_health()
-        ]
+        ]  # fmt: skip
 
     def close(self) -> None:
+        self._board.close()
         self._client.close()

@@ -1,7 +1,8 @@
 """Store backends by name, resolved lazily (nothing is imported until a backend is used).
 
 A backend is a class implementing `.protocol.KVStore`, built by `open_store` as
-`cls(config, probe=..., who=..., gpu=...)`, with a classmethod
+`cls(config, probe=..., who=..., gpu=..., engine=...)` (`engine`: share what it finds
+down through a `.health_board.HealthBoard` for that engine), with a classmethod
 `check_config(config, where, key_prefix)` that raises `ConfigError` for a bad value of
 its own keys. The `backend` setting names one of `BACKENDS`, or any class by its
 `package.module:Class` path (a backend in another distribution needs no change here).

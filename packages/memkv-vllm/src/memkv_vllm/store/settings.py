@@ -66,6 +66,10 @@ class StoreConfig:
     """Memory this process mounts into the shared pool (MiB); 0: a pure client."""
     mooncake_buffer_mb: int = 64
     """Transfer buffer of this process (MiB; small records, unregistered memory)."""
+    mooncake_staging_mb: int = 256
+    """Staging arena every batch moves through (MiB), registered once at startup; a
+    batch moves in calls of at most a quarter of it. When calls that timed out still
+    hold it all, a call fails at once (a miss, a dropped store)."""
     mooncake_replicas: int = 1
     """Copies of each value, on different segments (1-16)."""
 
@@ -73,7 +77,8 @@ class StoreConfig:
     """Where `resolve` read `MEMKV_CONFIG` / `MEMKV_*` (None: not resolved; read anew)."""
 
     RANGES = {"mooncake_segment_mb": (0, 1 << 24), "mooncake_buffer_mb": (16, 1 << 20),
-              "mooncake_replicas": (1, 16), "stall_budget_s": (0.01, 60)}  # fmt: skip
+              "mooncake_staging_mb": (4, 1 << 20), "mooncake_replicas": (1, 16),
+              "stall_budget_s": (0.01, 60)}  # fmt: skip
 
     def deadline_s(self, nbytes: int = 0) -> float:
         """The deadline of one call that moves `nbytes` bytes (seconds)."""
