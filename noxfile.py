@@ -109,7 +109,7 @@ def kernel(session: nox.Session) -> None:
 def bench_eviction(session: nox.Session) -> None:
     """Eviction policy ops/s at 1e3 to 1e7 entries; bytes per tracked entry."""
     install_package(session, "kv-eviction", extra=None)
-    session.run("python", "-m", "kv_eviction.bench", *session.posargs)
+    session.run("python", "-m", "kv_eviction.sim.bench", *session.posargs)
 
 
 @nox.session

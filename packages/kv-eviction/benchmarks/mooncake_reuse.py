@@ -32,12 +32,13 @@ from array import array
 from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable
 
-from kv_eviction import BeladyPolicy, make_policy, simulate
+from kv_eviction import make_policy
 from kv_eviction.auto import Candidate, CandidatePolicy
 from kv_eviction.chainheap import SEQ_BITS, ChainHeapPolicy
-from kv_eviction.cli import load_trace
 from kv_eviction.policy import EvictionPolicy
-from kv_eviction.trace import Trace
+from kv_eviction.sim import BeladyPolicy, simulate
+from kv_eviction.sim.cli import load_trace
+from kv_eviction.sim.trace import Trace
 
 _BASE = 1 << 40  # keeps shifted clocks positive
 _MULT = 0x9E3779B97F4A7C15

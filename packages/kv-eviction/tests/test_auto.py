@@ -7,11 +7,12 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kv_eviction import AutoPolicy, make_policy, simulate
+from kv_eviction import AutoPolicy, make_policy
 from kv_eviction._shadow import Shadow
 from kv_eviction.auto import DEFAULT_CANDIDATES, RESCORE_STEP, Candidate
 from kv_eviction.candidate import DOORKEEPER_LRU, CandidatePolicy
-from kv_eviction.synthetic import GENERATORS, cycle, rag, sessions
+from kv_eviction.sim import simulate
+from kv_eviction.sim.synthetic import GENERATORS, cycle, rag, sessions
 from reference import SWITCH_EVERY_EPOCH, ReferencePolicy, random_workload
 
 OPS = st.lists(

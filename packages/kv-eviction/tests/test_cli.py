@@ -8,7 +8,7 @@ from pathlib import Path
 
 import kv_eviction
 import pytest
-from kv_eviction.cli import main, parse_policy_spec
+from kv_eviction.sim.cli import main, parse_policy_spec
 
 
 def test_simulate_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
-from kv_eviction import AutoPolicy, make_policy, simulate
+from kv_eviction import AutoPolicy, make_policy
 from kv_eviction._ghost import Ghost
 from kv_eviction.auto import Candidate, CandidatePolicy
 from kv_eviction.candidate import PROBATION_LRU, RulePolicy
-from kv_eviction.trace import Request, Trace
+from kv_eviction.sim import simulate
+from kv_eviction.sim.trace import Request, Trace
 from reference import SWITCH_EVERY_EPOCH, ReferencePolicy, random_workload
 
 DOORKEEPER = Candidate("doorkeeper-lru", reuse="recency", doorkeeper=True)

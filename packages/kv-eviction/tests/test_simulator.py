@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kv_eviction import make_policy
-from kv_eviction.belady import BeladyPolicy
-from kv_eviction.simulator import simulate
-from kv_eviction.trace import Request, Trace
+from kv_eviction.sim.belady import BeladyPolicy
+from kv_eviction.sim.simulator import simulate
+from kv_eviction.sim.trace import Request, Trace
 
 
 def _trace(*chains: tuple[tuple[str, ...], int], block_size: int = 4) -> Trace:

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from kv_eviction.mooncake import read_mooncake
-from kv_eviction.sharegpt import read_sharegpt, tokenize
-from kv_eviction.synthetic import agents, rag, sessions
-from kv_eviction.trace import chain_hashes
+from kv_eviction.sim.mooncake import read_mooncake
+from kv_eviction.sim.sharegpt import read_sharegpt, tokenize
+from kv_eviction.sim.synthetic import agents, rag, sessions
+from kv_eviction.sim.trace import chain_hashes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -1,5 +1,6 @@
-"""Chain-consistent eviction policies for KV-cache blocks, an admission filter and a
-trace simulator. Pure Python, no dependencies.
+"""Chain-consistent eviction policies for KV-cache blocks and an admission filter: what
+serving imports. Pure Python, no dependencies. The trace simulator and benchmark harness
+live apart, in `kv_eviction.sim`.
 
     >>> from kv_eviction import make_policy
     >>> policy = make_policy("marconi", decay=0.0, reuse_mode="linear")
@@ -8,10 +9,10 @@ trace simulator. Pure Python, no dependencies.
     ['b', 'a']
 """
 
+from . import builtin_policies  # noqa: F401  (registers the built-in policies)
 from ._version import __version__
 from .admission import AdmissionTracker
 from .auto import AutoPolicy
-from .belady import BeladyPolicy
 from .candidate import RulePolicy
 from .chainheap import ChainHeapPolicy
 from .lru import LRUPolicy
@@ -25,28 +26,21 @@ from .policy import (
     register_policy,
     validate_policy,
 )
-from .simulator import SimResult, simulate
-from .trace import Request, Trace
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "REUSE_MODES",
     "AdmissionTracker",
     "AutoPolicy",
-    "BeladyPolicy",
     "ChainHeapPolicy",
     "EvictionPolicy",
     "LRUPolicy",
     "MarconiPolicy",
     "PolicyStats",
-    "Request",
     "RulePolicy",
-    "SimResult",
-    "Trace",
     "__version__",
     "make_policy",
     "policy_names",
     "register_policy",
-    "simulate",
     "validate_policy",
 ]

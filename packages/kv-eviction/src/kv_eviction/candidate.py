@@ -290,7 +290,7 @@ def _rule_factory(candidate: Candidate) -> Callable[..., RulePolicy]:
     return build
 
 
-# The `make_policy` factories of the fixed rules (registered in `policy._built_ins`).
+# The `make_policy` factories of the fixed rules (registered in `builtin_policies`).
 build_doorkeeper_lru = _rule_factory(DOORKEEPER_LRU)
 build_doorkeeper_lfu = _rule_factory(DOORKEEPER_LFU)
 build_probation_lru = _rule_factory(PROBATION_LRU)

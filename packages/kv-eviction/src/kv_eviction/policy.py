@@ -16,7 +16,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, cast
 
@@ -129,7 +128,8 @@ _REGISTRY: dict[str, PolicyFactory] = {}
 def register_policy(name: str, factory: PolicyFactory) -> None:
     """Make `factory(**options)` available as `make_policy(name, **options)` in this process.
 
-    A name registered here wins over a built-in and an entry point of the same name.
+    kv-eviction registers its own policies this way (`builtin_policies`), so they need no
+    installed metadata. A name registered here wins over an entry point of the same name.
     Another distribution declares policies without code instead, as entry points of group
     `kv_eviction.policies` whose objects are such factories:
 
@@ -137,23 +137,6 @@ def register_policy(name: str, factory: PolicyFactory) -> None:
         my-policy = "my_package.my_module:build"
     """
     _REGISTRY[name] = factory
-
-
-@cache
-def _built_ins() -> dict[str, PolicyFactory]:
-    """kv-eviction's own policies by name. Registered in code, so they need no installed
-    metadata (a run from sources on PYTHONPATH, a vendored copy); an entry point of the
-    same name does not replace one."""
-    from . import auto, candidate, lru, marconi  # each imports this module
-
-    return {
-        "auto": auto.build,
-        "doorkeeper-lfu-decay-1": candidate.build_doorkeeper_lfu,
-        "doorkeeper-lru": candidate.build_doorkeeper_lru,
-        "lru": lru.build,
-        "marconi": marconi.build,
-        "probation-lru": candidate.build_probation_lru,
-    }
 
 
 def _declared() -> dict[str, list[EntryPoint]]:
@@ -173,15 +156,15 @@ def _origin(entry: EntryPoint) -> str:
 
 
 def policy_names() -> list[str]:
-    """Policy names `make_policy` accepts (built in, registered or installed as entry
-    points), sorted."""
-    return sorted(set(_built_ins()) | set(_REGISTRY) | set(_declared()))
+    """Policy names `make_policy` accepts (registered, the built-ins included, or installed
+    as entry points), sorted."""
+    return sorted(set(_REGISTRY) | set(_declared()))
 
 
 def _factory(name: str) -> PolicyFactory:
-    """The factory of `name`: registered in this process, else built in, else loaded from
-    its entry point (once; later calls find it registered)."""
-    factory = _REGISTRY.get(name) or _built_ins().get(name)
+    """The factory of `name`: registered in this process, else loaded from its entry point
+    (once; later calls find it registered)."""
+    factory = _REGISTRY.get(name)
     if factory is not None:
         return factory
     entries = _declared().get(name, [])

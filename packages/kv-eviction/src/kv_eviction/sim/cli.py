@@ -9,10 +9,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ._version import __version__
+from .._version import __version__
+from ..policy import EvictionPolicy, make_policy, policy_names
 from .belady import BeladyPolicy
 from .mooncake import read_mooncake
-from .policy import EvictionPolicy, make_policy, policy_names
 from .sharegpt import read_sharegpt
 from .simulator import DEFAULT_KV_BYTES_PER_TOKEN, SimResult, simulate
 from .synthetic import GENERATORS

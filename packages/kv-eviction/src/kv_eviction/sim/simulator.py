@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from .admission import AdmissionTracker
+from ..admission import AdmissionTracker
+from ..policy import EvictionPolicy
 from .belady import BeladyPolicy
-from .policy import EvictionPolicy
 from .trace import Trace
 
 __all__ = ["DEFAULT_KV_BYTES_PER_TOKEN", "SimResult", "simulate"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Hashable, Iterable, Sequence
 
-from .chainheap import SEQ_BITS, ChainHeapPolicy
+from ..chainheap import SEQ_BITS, ChainHeapPolicy
 
 __all__ = ["BeladyPolicy"]
 

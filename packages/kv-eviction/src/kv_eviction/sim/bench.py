@@ -1,6 +1,6 @@
 """Benchmark: operations per second at 1e3 to 1e7 tracked keys, bytes per key.
 
-    python -m kv_eviction.bench [--sizes 1e3,1e4,1e5,1e6,1e7] [--ops 200000] [--policies lru,marconi]
+    python -m kv_eviction.sim.bench [--sizes 1e3,1e4,1e5,1e6,1e7] [--ops 200000] [--policies lru,marconi]
 
 Keys are ints grouped in prefix chains of `--chain` blocks. For each policy and size N
 the policy is filled with N keys and one victim is popped (so `auto` knows the cache is
@@ -34,8 +34,8 @@ import time
 import tracemalloc
 from collections.abc import Callable, Sequence
 
-from .auto import AutoPolicy
-from .policy import EvictionPolicy, make_policy
+from ..auto import AutoPolicy
+from ..policy import EvictionPolicy, make_policy
 
 DEFAULT_POLICIES = ("lru", "marconi", "auto", "auto-doorkeeper")
 CHUNKS = 10
@@ -206,7 +206,7 @@ def measure_naive_sort(size: int, seed: int) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kv_eviction.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m kv_eviction.sim.bench", description=__doc__)
     parser.add_argument(
         "--sizes", default="1e3,1e4,1e5,1e6,1e7", help="tracked keys (default %(default)s)"
     )

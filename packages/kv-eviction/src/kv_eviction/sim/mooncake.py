@@ -18,7 +18,7 @@ _BUNDLED = "mooncake_synthetic_trace.jsonl.gz"
 
 def _open(path: str | Path | None) -> IO[str]:
     if path is None:
-        raw = resources.files("kv_eviction").joinpath("data", _BUNDLED).open("rb")
+        raw = resources.files("kv_eviction.sim").joinpath("data", _BUNDLED).open("rb")
         return gzip.open(raw, "rt", encoding="utf-8")
     if str(path).endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8")
