@@ -8,7 +8,8 @@ Usage: python chaos_engine.py SPEC.json. Two modes:
 * serve: loads `SPEC["workload"]` and serves it in cycles, one `generate` call per request,
   vLLM's own prefix cache emptied before each call (so every hit comes from the offload
   tier), with `SPEC["kv_transfer_config"]`. `SPEC["calibration_cycles"]` cycles first (the
-  run injects no fault then), then it touches `<folder>/ready` and serves until
+  run injects no fault then), then it writes the monotonic time to `<folder>/ready` and
+  serves until
   `<folder>/stop` exists or `SPEC["max_serve_s"]` has passed. Each call appends one JSON
   line to `<folder>/calls.jsonl` as it ends (flushed: a SIGKILLed engine leaves every call
   it finished): request index, cycle, start and end on the system's monotonic clock
@@ -85,7 +86,7 @@ def main(spec: dict[str, Any]) -> None:
         calibration = spec["calibration_cycles"]
         for cycle in range(calibration):
             serve(cycle)
-        (folder / "ready").touch()
+        (folder / "ready").write_text(repr(time.monotonic()))
         deadline = time.monotonic() + spec["max_serve_s"]
         cycle = calibration
         while not stop.exists() and time.monotonic() < deadline:

@@ -1,9 +1,11 @@
 """The chaos run's seeded fault injector: one fault at a time on real processes.
 
 A fault is `stop` (SIGSTOP, held, then SIGCONT) or `kill` (SIGKILL, held down, then the
-process is started again, on the same address where it has one). Which target, which kind,
-how long it is held and the gap before the next come from one `random.Random(seed)`; the
-times are on the system's monotonic clock, the one the engines' call records use.
+process is started again, on the same address where it has one). Faults go through every
+(target, kind) pair in a shuffled order, then again in another, so a short run meets each
+kind; the order, how long each is held and the gap before the next come from one
+`random.Random(seed)`. Times are on the system's monotonic clock, the one the engines'
+call records use.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-HOLD_S = (1.5, 4.0)  # how long a fault lasts (a stop longer than a 1 s budget)
-GAP_S = (2.5, 4.0)  # quiet time after a recovery (hits must return within it)
+HOLD_S = (1.5, 3.0)  # how long a fault lasts (a stop longer than a 1 s budget)
+GAP_S = (2.5, 3.5)  # quiet time after a recovery (hits must return within it)
 
 
 @dataclass
@@ -59,10 +61,13 @@ class Injector:
     def inject(self, until: float, alive: Callable[[], bool] = lambda: True) -> list[Fault]:
         """Faults, each followed by a gap, while a whole fault and its gap fit before `until`
         and `alive()` holds (the engine still serves)."""
+        pairs = [(t, kind) for t in self.targets for kind in t.kinds]
+        order: list[tuple[Target, str]] = []
         while alive():
+            if not order:
+                order = self.rng.sample(pairs, len(pairs))
+            target, kind = order.pop()
             gap, hold = self.rng.uniform(*GAP_S), self.rng.uniform(*HOLD_S)
-            target = self.rng.choice(self.targets)
-            kind = self.rng.choice(target.kinds)
             if time.monotonic() + gap + hold + GAP_S[1] > until:
                 break
             time.sleep(gap)

@@ -62,14 +62,15 @@ class EngineProcess:
     def wait_ready(self, timeout: float = START_LIMIT_S) -> float:
         """The monotonic time the engine finished its fault-free cycles and began serving."""
         deadline = time.monotonic() + timeout
-        while not (self.folder / "ready").exists():
+        ready = self.folder / "ready"
+        while not ready.exists() or not ready.read_text():
             if not self.running():
                 raise RuntimeError(f"engine exited ({self.proc.returncode}) before serving:\n"
                                    f"{self.log()[-6000:]}")  # fmt: skip
             if time.monotonic() > deadline:
                 raise TimeoutError(f"engine not serving after {timeout} s:\n{self.log()[-3000:]}")
             time.sleep(0.05)
-        self.ready_at = time.monotonic()
+        self.ready_at = float(ready.read_text())
         return self.ready_at
 
     def finish(self) -> int:

@@ -25,7 +25,7 @@ from chaos_run import (  # noqa: E402
 from chaos_workload import Workload  # noqa: E402
 from memkv_harness import KV_CACHE_MEMORY_BYTES, engine_env  # noqa: E402
 
-DEFAULT_MINUTES = 1.0
+DEFAULT_MINUTES = 1.25
 SESSIONS, TURNS = 8, 3
 OUTCOMES = pytest.StashKey[list[Outcome]]()
 

@@ -18,10 +18,12 @@ that no process it started survives it. The summary is printed at the end of the
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 import subprocess
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,7 @@ pytestmark = pytest.mark.vllm
 
 BUDGET_S = 1.0  # memkv-vllm's default stall budget (both direct engines run with it)
 CALIBRATION_CYCLES = 2  # fault-free cycles: the first warms the tier, the last is the no-fault
-L1_BYTES = 24 * BLOCK * 1024  # 24 slots of 32 KiB (tiny Llama): far below the workload
+L1_BYTES = 48 * BLOCK * 1024  # 48 slots of 32 KiB (tiny Llama): below the workload's ~80
 L2_BYTES = 16 << 20
 L2_TMPFS_BYTES = L2_BYTES + (4 << 20)  # the pool file and its headers, and a little room
 
@@ -75,8 +77,11 @@ def serve_under_faults(
     return outcome, engine
 
 
-def check(outcome: Outcome, outcomes: list[Outcome]) -> None:
+def check(outcome: Outcome, outcomes: list[Outcome], folder: Path) -> None:
+    """Record the outcome for the summary (its faults in `folder/faults.json`) and assert
+    its contract."""
     outcomes.append(outcome)
+    (folder / "faults.json").write_text(json.dumps([asdict(f) for f in outcome.faults]))
     problems = outcome.problems()
     assert not problems, "\n".join(problems)
 
@@ -117,7 +122,7 @@ def test_memkv_direct_over_two_members(
             member.stop()
     left = still_running(started) + session_members({engine.proc.pid})
     outcome.failures += [f"left running: {left}"] if left else []
-    check(outcome, outcomes)
+    check(outcome, outcomes, tmp_path)
 
 
 def test_mooncake_direct_over_master_and_two_stores(
@@ -166,7 +171,7 @@ def test_mooncake_direct_over_master_and_two_stores(
         cluster.stop()
     left = still_running(started) + session_members({engine.proc.pid})
     outcome.failures += [f"left running: {left}"] if left else []
-    check(outcome, outcomes)
+    check(outcome, outcomes, tmp_path)
 
 
 def test_connector_killed_mid_store_and_l2_filesystem_full(
@@ -243,7 +248,7 @@ def test_connector_killed_mid_store_and_l2_filesystem_full(
     )  # fmt: skip
     if refused is not None:
         print(f"chaos: the L2-full part is skipped: {refused}")
-    check(outcome, outcomes)
+    check(outcome, outcomes, tmp_path)
 
 
 def workload_file(workload: Workload, folder: Path) -> str:
