@@ -354,7 +354,7 @@ def mooncake(session: nox.Session) -> None:
 def chaos(session: nox.Session) -> None:
     """Chaos run (tests-chaos/): engines over two `memkv serve`, over Mooncake Store and on the
     connector's L1/L2 serve a seeded workload while seeded faults stop, kill and restart what
-    they use; prints a summary. `nox -s chaos -- --minutes 30`: a long run (default 1.5)."""
+    they use; prints a summary. `nox -s chaos -- --minutes 30`: a long run (default 1.25)."""
     install_mooncake(session)
     session.run("pytest", str(ROOT / "tests-chaos"), *session.posargs, env=vllm_env())
 
