@@ -81,8 +81,8 @@ def doctor_checks(extra: Mapping[str, Any], hash_algorithm: str | None = None) -
             found = _pool_checks(Path(folder), setting, config.pool_name)
             checks += found or [Check.ok(f"{setting}: no pool files in {folder} yet")]
     if config.cpu_pool_path is None:  # private pools: only what dead engines left
-        for folder in anonymous_l1_dirs():
-            checks += _pool_checks(folder, "cpu_pool_path (not set)", config.pool_name)
+        for private in anonymous_l1_dirs():
+            checks += _pool_checks(private, "cpu_pool_path (not set)", config.pool_name)
     return checks
 
 
