@@ -39,7 +39,7 @@ def time_load_paths(
     per_block = sum(widths.values())
     count = max(1, min(num_gpu_blocks, pool.shape[0], WAVE_BYTES // max(1, per_block)))
     ids = list(range(count))
-    groups = sorted(widths)
+    groups = sorted(group_id for group_id, width in widths.items() if width)
     for group_id in groups:
         mover.store(group_id, ids, ids, pool)
 

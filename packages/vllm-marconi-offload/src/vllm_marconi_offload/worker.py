@@ -150,18 +150,20 @@ class OffloadWorker:
             )
         elif any(not group.is_attention for group in self._layout.groups):
             rates = LoadRates(
-                None, None, note="not timed: this model's state groups load asynchronously"
+                None, None, note="this model has state groups: it loads async in every mode"
             )
         else:
             assert self._pool is not None
-            label = "direct kernel" if self._config.copy_path == "direct" else "copy engine"
+            widths = {group_id: sum(x.nbytes for x in group) for group_id, group in layers.items()}
+            label = "copy engine"
+            if self._config.copy_path == "direct":
+                label = "direct kernel"
+            elif any(width != self._pool.shape[1] for width in widths.values()):
+                label = "staged, rows by kernel"  # groups share a slot: rows are strided
             rates = time_load_paths(
                 self._mover,
                 self._pool,
-                {
-                    group_id: sum(layer.nbytes for layer in group)
-                    for group_id, group in layers.items()
-                },
+                widths,
                 {group_id: len(group) for group_id, group in layers.items()},
                 self._layout.num_gpu_blocks,
                 label,
