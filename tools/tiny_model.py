@@ -98,7 +98,9 @@ def build_tokenizer(folder: Path) -> int:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=["<s>", "</s>", "<pad>"])
+    trainer = trainers.BpeTrainer(
+        vocab_size=1000, special_tokens=["<s>", "</s>", "<pad>"], show_progress=False
+    )
     tokenizer.train_from_iterator(_corpus(2000), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
@@ -139,6 +141,7 @@ def build(folder: Path, kind: str = "llama", seed: int = 0) -> Path:
         model = transformers.Qwen3NextForCausalLM(config)
     else:
         raise ValueError(f"kind must be 'llama' or 'qwen3-next', got {kind!r}")
+    transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bar
     model.to(torch.bfloat16).save_pretrained(folder)
     return folder
 

