@@ -31,6 +31,9 @@ class VllmServer:
     env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     """More `vllm serve` flags (e.g. `--kv-events-config`)."""
+    engine_flags: list[str] | None = None
+    """Engine flags in place of the CPU defaults (`--dtype`, `--enforce-eager`, `--block-size`,
+    `--kv-cache-memory-bytes`, `--max-model-len`, `--enable-prefix-caching`, `--max-num-seqs`)."""
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -43,6 +46,8 @@ class VllmServer:
         cmd = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model, "--host", "127.0.0.1", "--port", str(self.port),
+        ]  # fmt: skip
+        cmd += self.engine_flags if self.engine_flags is not None else [
             "--dtype", self.dtype, "--enforce-eager", "--block-size", "32",
             "--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes),
             "--max-model-len", str(self.max_model_len), "--enable-prefix-caching", "--max-num-seqs", "8",
