@@ -2,20 +2,16 @@
 
 From the configuration a server would take (`kv_connector_extra_config`, `MEMKV_CONFIG`,
 `MEMKV_*`): vLLM's version, `PYTHONHASHSEED`, the locked-memory limit, and every store
-member: each `memkv serve` answers a request signed with the configured auth key (a
-wrong key is refused), or Mooncake Store's master RPC port accepts a connection and its
-metadata server answers. Each probe has a short deadline. vLLM is not imported.
+member, probed by its backend (`doctor_checks`, see `.store.registry`): e.g. each `memkv
+serve` answers a request signed with the configured auth key, or Mooncake Store's master
+and metadata server answer. Each probe has a short deadline. vLLM is not imported.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
-import socket
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,13 +28,11 @@ from ._version import SUPPORTED_VLLM
 from .config import DirectConfig
 from .early_check import configured_stores
 from .errors import ConfigError
-from .store import StoreConfig
-from .store.memkv import servers_source
+from .store import StoreConfig, backend_class
 
 __all__ = ["doctor_checks", "main"]
 
 PLUGIN = "memkv-vllm"
-PROBE_KEY = b"memkv-vllm/doctor"
 _MODES = {
     "direct": "direct mode",
     "tier": "secondary tier",
@@ -104,99 +98,17 @@ def _memlock(extra: Mapping[str, Any], stores: list[tuple[str, StoreConfig]]) ->
 
 
 def _uses_rdma(store: StoreConfig) -> bool:
-    if store.backend == "mooncake":
-        return store.mooncake_protocol == "rdma"
-    if store.backend != "memkv" or store.sources is None:
-        return False
-    return store.sources.client_config().transport is memkv_client.Transport.RDMA
+    uses_rdma = getattr(backend_class(store.backend), "uses_rdma", None)
+    return bool(uses_rdma(store)) if uses_rdma is not None else False
 
 
 def _member_checks(store: StoreConfig, timeout: float) -> list[Check]:
-    if store.backend == "memkv":
-        return _memkv_checks(store, timeout)
-    if store.backend == "mooncake":
-        return [
-            _reachable(
-                "Mooncake master",
-                store.mooncake_master,
-                timeout,
-                "start mooncake_master there (--rpc_port)",
-            ),
-            _metadata_check(store.mooncake_metadata_server, timeout),
-        ]
-    return [Check.ok(f"store: backend {store.backend} has no doctor probe; not checked")]
-
-
-def _memkv_checks(store: StoreConfig, timeout: float) -> list[Check]:
-    """Each MemKV server answers an `exists` request signed with our key (over TCP: the
-    handshake every transport starts with)."""
-    try:
-        sources = store.sources or memkv_client.ConfigSources.read()
-        config = dataclasses.replace(sources.client_config(), transport=memkv_client.Transport.TCP)
-        client = memkv_client.Client(config=config)
-    except memkv_client.MemKVError as exc:
-        return [Check.fail(f"MemKV client settings: {exc}", "correct that setting")]
-    checks = []
-    with client:
-        for server in client.servers():
-            try:
-                client.exists_on(server, [PROBE_KEY], timeout=timeout)
-            except memkv_client.AuthError as exc:
-                checks.append(Check.fail(
-                    f"MemKV server {server} refuses our auth key ({exc})",
-                    "set the same MEMKV_AUTH_KEY for the server and every vLLM instance (on one "
-                    "host: run both as the same user, sharing ~/.config/memkv/auth.key)",
-                ))  # fmt: skip
-            except memkv_client.MemKVError as exc:
-                checks.append(Check.fail(
-                    f"MemKV server {server} does not answer within {timeout:g} s ({exc})",
-                    f"start `memkv serve --listen {server}` there, or correct the servers "
-                    f"({servers_source()})",
-                ))  # fmt: skip
-            else:
-                checks.append(Check.ok(f"MemKV server {server} answers and accepts our auth key"))
+    """The backend's own probes of its members (`doctor_checks`, see `.store.registry`)."""
+    probes = getattr(backend_class(store.backend), "doctor_checks", None)
+    if probes is None:
+        return [Check.ok(f"store: backend {store.backend} has no doctor probe; not checked")]
+    checks: list[Check] = probes(store, timeout)
     return checks
-
-
-def _reachable(what: str, address: str, timeout: float, start: str) -> Check:
-    """✔ if `address` (`host:port`) accepts a TCP connection within `timeout`; else ✖
-    saying to `start` it."""
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            pass
-    except (OSError, ValueError) as exc:
-        return Check.fail(
-            f"{what} {address} is not reachable ({exc})",
-            f"{start}, or correct the address; check the firewall",
-        )
-    return Check.ok(f"{what} {address} accepts connections")
-
-
-def _metadata_check(url: str, timeout: float) -> Check:
-    """Mooncake's metadata server: an HTTP one answers a GET (any status), etcd and redis
-    accept a connection; P2PHANDSHAKE needs none."""
-    if url == "P2PHANDSHAKE":
-        return Check.ok("Mooncake metadata: P2PHANDSHAKE (no metadata server)")
-    scheme, _, rest = url.partition("://")
-    if scheme in ("etcd", "redis"):
-        where = rest.split("/")[0]
-        return _reachable(
-            f"Mooncake metadata server ({scheme})", where, timeout, f"start {scheme} there"
-        )
-    try:
-        with urllib.request.urlopen(url, timeout=timeout):
-            pass
-    except urllib.error.HTTPError:
-        pass  # it answered
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return Check.fail(
-            f"Mooncake metadata server {url} does not answer ({reason})",
-            "start mooncake_master with --enable_http_metadata_server=true on that port, or "
-            "correct mooncake_metadata_server",
-        )
-    return Check.ok(f"Mooncake metadata server {url} answers")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

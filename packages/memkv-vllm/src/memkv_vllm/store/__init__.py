@@ -21,6 +21,7 @@ __all__ = [
     "MemberState",
     "StoreConfig",
     "StoreCounters",
+    "backend_class",
     "open_store",
     "register_backend",
     "store_keys",

@@ -22,7 +22,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import memkv_client
 from memkv_client.routing import Router
+from vllm_kv_identity.doctor import Check
 
 from ..rdma_nic import rank_nic
 from .health_board import HealthBoard
@@ -30,14 +32,13 @@ from .protocol import Item, ItemOutcome, MemberState, StoreCounters
 from .settings import read_sources
 
 if TYPE_CHECKING:
-    from memkv_client import Client, ConfigSources
-
     from .settings import StoreConfig
 
 __all__ = ["MemKVStore", "servers_source"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 T = TypeVar("T")
+DOCTOR_KEY = b"memkv-vllm/doctor"  # the key `doctor_checks` asks each server about
 
 
 def _outcome(result: Any) -> ItemOutcome:
@@ -59,10 +60,10 @@ def servers_source(env: Mapping[str, str] = os.environ) -> str:
     )
 
 
-def _client(sources: ConfigSources, gpu: int | None, sysfs: str | Path) -> Client:
+def _client(
+    sources: memkv_client.ConfigSources, gpu: int | None, sysfs: str | Path
+) -> memkv_client.Client:
     """A `memkv_client.Client`; on GPU `gpu`'s NIC where `MemKVStore` says so."""
-    import memkv_client
-
     config = sources.client_config()
     devices = sources.lookup("rdma_devices")
     if gpu is not None and config.transport is not memkv_client.Transport.TCP:
@@ -72,6 +73,25 @@ def _client(sources: ConfigSources, gpu: int | None, sysfs: str | Path) -> Clien
         if nic is not None:
             config = dataclasses.replace(config, rdma_devices=(nic,))
     return memkv_client.Client(config=config)
+
+
+def _doctor_check(client: memkv_client.Client, server: str, timeout: float) -> Check:
+    """`server` answers an `exists` request signed with our key within `timeout`."""
+    try:
+        client.exists_on(server, [DOCTOR_KEY], timeout=timeout)
+    except memkv_client.AuthError as exc:
+        return Check.fail(
+            f"MemKV server {server} refuses our auth key ({exc})",
+            "set the same MEMKV_AUTH_KEY for the server and every vLLM instance (on one "
+            "host: run both as the same user, sharing ~/.config/memkv/auth.key)",
+        )
+    except memkv_client.MemKVError as exc:
+        return Check.fail(
+            f"MemKV server {server} does not answer within {timeout:g} s ({exc})",
+            f"start `memkv serve --listen {server}` there, or correct the servers "
+            f"({servers_source()})",
+        )
+    return Check.ok(f"MemKV server {server} answers and accepts our auth key")
 
 
 class MemKVStore:
@@ -112,6 +132,28 @@ class MemKVStore:
     @classmethod
     def check_config(cls, config: StoreConfig, where: str, key_prefix: str) -> None:
         """Nothing to check: the connection settings are memkv-client's (`MEMKV_*`)."""
+
+    @classmethod
+    def uses_rdma(cls, config: StoreConfig) -> bool:
+        """Whether the client's settings (`transport`) choose RDMA."""
+        if config.sources is None:
+            return False
+        return config.sources.client_config().transport is memkv_client.Transport.RDMA
+
+    @classmethod
+    def doctor_checks(cls, config: StoreConfig, timeout: float) -> list[Check]:
+        """Each MemKV server answers an `exists` request signed with our key within
+        `timeout` (over TCP: the handshake every transport starts with)."""
+        try:
+            sources = config.sources or memkv_client.ConfigSources.read()
+            settings = sources.client_config()
+            client = memkv_client.Client(
+                config=dataclasses.replace(settings, transport=memkv_client.Transport.TCP)
+            )
+        except memkv_client.MemKVError as exc:
+            return [Check.fail(f"MemKV client settings: {exc}", "correct that setting")]
+        with client:
+            return [_doctor_check(client, server, timeout) for server in client.servers()]
 
     def _probe(self, who: str) -> None:
         servers = self._client.servers()

@@ -33,12 +33,15 @@ import logging
 import os
 import socket
 import threading
+import urllib.error
+import urllib.request
 from bisect import insort
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from vllm_kv_identity.doctor import Check
 
 from ..errors import ConfigError
 from ..rdma_nic import rank_nic
@@ -87,6 +90,47 @@ def mooncake_key(key: bytes) -> str:
 
 def _cause(code: int) -> str:
     return _CAUSES.get(code, f"Mooncake error {code}")
+
+
+def _reachable(what: str, address: str, timeout: float, start: str) -> Check:
+    """✔ if `address` (`host:port`) accepts a TCP connection within `timeout`; else ✖
+    saying to `start` it."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError) as exc:
+        return Check.fail(
+            f"{what} {address} is not reachable ({exc})",
+            f"{start}, or correct the address; check the firewall",
+        )
+    return Check.ok(f"{what} {address} accepts connections")
+
+
+def _metadata_check(url: str, timeout: float) -> Check:
+    """Mooncake's metadata server: an HTTP one answers a GET (any status), etcd and redis
+    accept a connection; P2PHANDSHAKE needs none."""
+    if url == "P2PHANDSHAKE":
+        return Check.ok("Mooncake metadata: P2PHANDSHAKE (no metadata server)")
+    scheme, _, rest = url.partition("://")
+    if scheme in ("etcd", "redis"):
+        where = rest.split("/")[0]
+        return _reachable(
+            f"Mooncake metadata server ({scheme})", where, timeout, f"start {scheme} there"
+        )
+    try:
+        with urllib.request.urlopen(url, timeout=timeout):
+            pass
+    except urllib.error.HTTPError:
+        pass  # it answered
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return Check.fail(
+            f"Mooncake metadata server {url} does not answer ({reason})",
+            "start mooncake_master with --enable_http_metadata_server=true on that port, or "
+            "correct mooncake_metadata_server",
+        )
+    return Check.ok(f"Mooncake metadata server {url} answers")
 
 
 def _rdma_devices(config: StoreConfig, gpu: int | None) -> str:
@@ -175,6 +219,19 @@ class MooncakeStore:
                 f"got {config.mooncake_metadata_server!r}; accepted: http://host:port/metadata, "
                 "etcd://host:port, redis://host:port or P2PHANDSHAKE",
             )  # fmt: skip
+
+    @classmethod
+    def uses_rdma(cls, config: StoreConfig) -> bool:
+        """Whether values move over RDMA (`mooncake_protocol`)."""
+        return config.mooncake_protocol == "rdma"
+
+    @classmethod
+    def doctor_checks(cls, config: StoreConfig, timeout: float) -> list[Check]:
+        """The master's RPC port accepts a connection and the metadata server answers,
+        each within `timeout`."""
+        master = _reachable("Mooncake master", config.mooncake_master, timeout,
+                            "start mooncake_master there (--rpc_port)")  # fmt: skip
+        return [master, _metadata_check(config.mooncake_metadata_server, timeout)]
 
     def __init__(
         self,
@@ -306,7 +363,7 @@ class MooncakeStore:
 
     @property
     def has_rdma(self) -> bool:
-        return self.config.mooncake_protocol == "rdma"
+        return self.uses_rdma(self.config)
 
     def register(self, buffer: Any) -> None:
         return None  # transfers stage through this store's own registered arena

@@ -2,9 +2,17 @@
 
 A backend is a class implementing `.protocol.KVStore`, built by `open_store` as
 `cls(config, probe=..., who=..., gpu=..., engine=...)` (`engine`: share what it finds
-down through a `.health_board.HealthBoard` for that engine), with a classmethod
-`check_config(config, where, key_prefix)` that raises `ConfigError` for a bad value of
-its own keys. The `backend` setting names one of `BACKENDS`, or any class by its
+down through a `.health_board.HealthBoard` for that engine), with classmethods:
+
+* `check_config(config, where, key_prefix)`: raise `ConfigError` for a bad value of its
+  own keys;
+* `doctor_checks(config, timeout) -> list[Check]` (optional): `python -m memkv_vllm
+  doctor`'s probes of its members (`vllm_kv_identity.doctor.Check`), each ending
+  within `timeout` seconds;
+* `uses_rdma(config) -> bool` (optional; absent: False): whether values move over RDMA
+  (the doctor then requires the pinned memory to be lockable).
+
+The `backend` setting names one of `BACKENDS`, or any class by its
 `package.module:Class` path (a backend in another distribution needs no change here).
 A new in-tree backend is one module and one line in `BACKENDS`.
 """
