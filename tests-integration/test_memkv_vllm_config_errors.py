@@ -29,7 +29,7 @@ def vllm_tiering(**tier: Any) -> dict[str, Any]:
 CASES = {
     "tier-key": (
         tier_config(n_read_threads=0),
-        "ERROR memkv-vllm: secondary_tiers[memkv] key 'n_read_threads': got 0; accepted: >= 1",
+        "ERROR memkv-vllm: secondary_tiers[memkv]: n_read_threads must be an integer >= 1, got 0",
     ),
     "direct-budget": (
         direct_config(memkv_stall_budget_s="soon"),

@@ -79,7 +79,7 @@ def test_direct_server_restart_between_lookup_and_load_recomputes(
         "model": tiny_llama,
         # a lookup answer of 'present' is reused for 300 s: the restart cannot be noticed
         # before the load
-        "kv_transfer_config": direct_config(memkv_lookup_hit_ttl=300),
+        "kv_transfer_config": direct_config(memkv_lookup_hit_ttl_s=300),
         "phases": _vanishing_phases([]),
     }
     spec["phases"][-1]["pause"] = True
@@ -105,7 +105,7 @@ def _evicting_run(
     try:
         spec = {
             "model": tiny_llama,
-            "kv_transfer_config": direct_config(memkv_lookup_hit_ttl=300),
+            "kv_transfer_config": direct_config(memkv_lookup_hit_ttl_s=300),
             "phases": _vanishing_phases(
                 [{"reset_prefix_cache": True, "prompts": [P3, make_prompt(4, 12)]}]
             ),

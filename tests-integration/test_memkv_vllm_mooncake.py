@@ -129,7 +129,7 @@ def test_mooncake_direct_lease_expired_value_removed_before_the_load_recomputes(
     try:
         spec = {
             "model": tiny_llama,
-            "kv_transfer_config": direct_config(memkv_lookup_hit_ttl=300),
+            "kv_transfer_config": direct_config(memkv_lookup_hit_ttl_s=300),
             "phases": [
                 {"prompts": [P1]},
                 {"reset_prefix_cache": True, "prompts": [P1]},

@@ -34,12 +34,25 @@ def _vllm_marconi_offload() -> str:
     return markdown_table(SETTINGS, header="Key")
 
 
+def _memkv_vllm(name: str) -> Callable[[], str]:
+    def table() -> str:
+        from kv_offload_settings import markdown_table
+        from memkv_vllm.config import SETTINGS_TABLES
+
+        return markdown_table(SETTINGS_TABLES[name], header="Key")
+
+    return table
+
+
+MEMKV_VLLM_README = ROOT / "packages/memkv-vllm/README.md"
 TABLES: dict[str, tuple[Path, Callable[[], str]]] = {
     "kvpool-mmap": (ROOT / "packages/kvpool-mmap/README.md", _kvpool_mmap),
     "vllm-marconi-offload": (
         ROOT / "packages/vllm-marconi-offload/README.md",
         _vllm_marconi_offload,
     ),
+    "memkv-vllm-tier": (MEMKV_VLLM_README, _memkv_vllm("memkv-vllm-tier")),
+    "memkv-vllm-direct": (MEMKV_VLLM_README, _memkv_vllm("memkv-vllm-direct")),
 }
 
 

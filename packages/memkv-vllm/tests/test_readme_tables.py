@@ -1,16 +1,18 @@
-"""The README's configuration tables name exactly the declared keys, with their defaults."""
+"""The README's configuration tables are the ones generated from the declarations (the
+store's table: names exactly the declared keys, with their defaults)."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from memkv_vllm.config import DirectConfig, TierConfig
 from memkv_vllm.store.settings import StoreConfig
 
+ROOT = Path(__file__).resolve().parents[3]
 README = Path(__file__).resolve().parents[1] / "README.md"
 PROSE_DEFAULTS = {"— (required)": "", "host name": ""}
 """Default cells written in words, and the declared default each stands for."""
@@ -52,10 +54,23 @@ def same_default(cell: str, value: Any) -> bool:
     return text in (value, f'"{value}"')
 
 
-@pytest.mark.parametrize(
-    ("first_header", "cls"),
-    [("tier key", TierConfig), ("key | default", DirectConfig), ("key | env", StoreConfig)],
-)
+@pytest.mark.parametrize("name", ["memkv-vllm-tier", "memkv-vllm-direct"])
+def test_generated_tables_match_the_declarations(name: str) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "settings_tables", ROOT / "tools/settings_tables.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    text = README.read_text()
+    assert tables.render(name, text) == text, (
+        f"{README}: the {name} table differs from the declarations; "
+        "run python tools/settings_tables.py"
+    )
+
+
+@pytest.mark.parametrize(("first_header", "cls"), [("key | env", StoreConfig)])
 def test_readme_table_matches_the_declarations(first_header: str, cls: Any) -> None:
     table, keys = readme_table(first_header), declared(cls)
     assert sorted(table) == sorted(keys), f"{README}: the {cls.__name__} table"

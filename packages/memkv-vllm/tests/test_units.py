@@ -24,21 +24,62 @@ from memkv_vllm.store.mooncake import MooncakeStore
 
 def test_tier_config_names_the_bad_key_and_the_accepted_values() -> None:
     assert TierConfig.from_dict({"n_read_threads": 2, "locality": "REMOTE"}).n_read_threads == 2
-    with pytest.raises(ConfigError, match=r"'n_read_thread'.*accepted keys: .*n_read_threads"):
+    with pytest.raises(ConfigError) as excinfo:
         TierConfig.from_dict({"n_read_thread": 2})
-    with pytest.raises(ConfigError, match=r"'blocks_per_op'.*>= 1"):
+    assert str(excinfo.value).startswith(
+        "memkv-vllm: secondary_tiers[memkv]: unknown key(s) ['n_read_thread'] (did you mean "
+        "'n_read_threads'?); accepted keys: ["
+    )
+    assert "'stall_budget_s'" in str(excinfo.value)
+    with pytest.raises(ConfigError) as excinfo:
         TierConfig.from_dict({"blocks_per_op": 0})
-    with pytest.raises(ConfigError, match=r"'max_store_backlog_mb'.*a number"):
+    assert str(excinfo.value) == (
+        "memkv-vllm: secondary_tiers[memkv]: blocks_per_op must be an integer >= 1, got 0"
+    )
+    with pytest.raises(ConfigError, match=r"max_store_backlog_mb must be an integer >= 0, got"):
         TierConfig.from_dict({"max_store_backlog_mb": "lots"})
+    with pytest.raises(ConfigError, match=r"prefix must be a non-empty relative name"):
+        TierConfig.from_dict({"prefix": "/abs"})
 
 
 def test_direct_config_checks_only_memkv_keys() -> None:
     cfg = DirectConfig.from_extra_config({"spec_name": "x", "memkv_num_threads": 3})
     assert cfg.memkv_num_threads == 3
-    with pytest.raises(ConfigError, match=r"memkv_scratch_medium.*auto, host, gpu"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^memkv-vllm: kv_connector_extra_config: memkv_scratch_medium must be one of "
+        r"\['auto', 'host', 'gpu'\], got 'nvme'$",
+    ):
         DirectConfig.from_extra_config({"memkv_scratch_medium": "nvme"})
-    with pytest.raises(ConfigError, match=r"'memkv_threads'"):
+    with pytest.raises(
+        ConfigError, match=r"\['memkv_threads'\] \(did you mean 'memkv_num_threads'"
+    ):
         DirectConfig.from_extra_config({"memkv_threads": 3})
+
+
+def test_direct_lookup_ttls_are_the_tiers_and_the_old_spelling_still_works(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg = DirectConfig.from_extra_config({"memkv_lookup_hit_ttl_s": 300})
+    assert cfg.memkv_lookup_hit_ttl_s == 300
+    assert DirectConfig().memkv_lookup_hit_ttl_s == TierConfig().lookup_hit_ttl_s
+    with caplog.at_level("WARNING", logger="vllm.memkv_vllm"):
+        old = DirectConfig.from_extra_config(
+            {"memkv_lookup_hit_ttl": 7, "memkv_lookup_miss_ttl": 2}
+        )
+    assert (old.memkv_lookup_hit_ttl_s, old.memkv_lookup_miss_ttl_s) == (7, 2)
+    assert "memkv_lookup_hit_ttl is now memkv_lookup_hit_ttl_s" in caplog.text
+    with pytest.raises(ConfigError, match=r"memkv_lookup_hit_ttl and memkv_lookup_hit_ttl_s "):
+        DirectConfig.from_extra_config({"memkv_lookup_hit_ttl": 7, "memkv_lookup_hit_ttl_s": 9})
+
+
+def test_a_misspelt_store_key_gets_did_you_mean_in_both_modes() -> None:
+    with pytest.raises(ConfigError, match=r"\['stall_budget'\] \(did you mean 'stall_budget_s'"):
+        TierConfig.from_dict({"stall_budget": 1})
+    with pytest.raises(
+        ConfigError, match=r"\['memkv_stall_budget'\] \(did you mean 'memkv_stall_budget_s'"
+    ):
+        DirectConfig.from_extra_config({"memkv_stall_budget": 1})
 
 
 class _Mapper:

@@ -87,7 +87,7 @@ class Setting:
         if isinstance(self.default, int | float):
             return _number_text(self.default, self.kind)
         if isinstance(self.default, str):
-            return self.default
+            return self.default or '""'
         return repr(self.default)
 
     def check(self, value: Any, key: str = "", error: type[ConfigError] = ConfigError) -> Any:

@@ -109,8 +109,8 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
         progress = threading.Event()
         self._lookup = BatchedLookup(
             self._kv.exists,
-            hit_ttl=cfg.memkv_lookup_hit_ttl,
-            miss_ttl=cfg.memkv_lookup_miss_ttl,
+            hit_ttl=cfg.memkv_lookup_hit_ttl_s,
+            miss_ttl=cfg.memkv_lookup_miss_ttl_s,
             timeout=min(cfg.memkv_lookup_timeout_s, store_config.stall_budget_s),
             settings_hint=self._kv.settings_hint,
             progress=progress,
