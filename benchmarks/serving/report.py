@@ -1,0 +1,160 @@
+"""Summaries of one mode's load: latency percentiles, throughput, hit rates, output check."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from client import Load
+from vllm_server import metric_sum
+
+# vLLM's counters (prompt tokens looked up / found) and vllm-marconi-offload's per-tier hits.
+COUNTERS = {
+    "queries": "vllm:prefix_cache_queries_total",
+    "hbm_hits": "vllm:prefix_cache_hits_total",
+    "external_queries": "vllm:external_prefix_cache_queries_total",
+    "external_hits": "vllm:external_prefix_cache_hits_total",
+    "preemptions": "vllm:num_preemptions_total",
+}
+TIER_HITS = "vllm:marconi_offload_hit_tokens_total"
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0-100, linear interpolation), None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1e3, 2)
+
+
+def summarize(load: Load, duration_s: float, hbm_tokens: float) -> dict[str, Any]:
+    """Latency and throughput of the completed requests; live KV against the HBM size."""
+    done = [r for r in load.records if r.e2e_s is not None and r.ttft_s is not None]
+    ttft = [r.ttft_s for r in done if r.ttft_s is not None]
+    gaps = [g for r in done for g in r.gaps_s]
+    e2e = [r.e2e_s for r in done if r.e2e_s is not None]
+    out_tokens = sum(len(r.tokens) for r in done)
+    steady = [n for t, n in load.live_tokens if duration_s / 2 <= t <= duration_s]
+    prompt = sum(r.prompt_tokens for r in done)
+    cached = [r.cached_tokens for r in done if r.cached_tokens is not None]
+    return {
+        "requests_sent": len(load.records),
+        "completed": len(done),
+        "cancelled": load.cancelled,
+        "errors": sorted({r.error for r in load.records if r.error})[:5],
+        "wall_s": round(load.wall_s, 2),
+        "ttft_p50": _ms(percentile(ttft, 50)),
+        "ttft_p90": _ms(percentile(ttft, 90)),
+        "ttft_p99": _ms(percentile(ttft, 99)),
+        "itl_p50": _ms(percentile(gaps, 50)),
+        "itl_p99": _ms(percentile(gaps, 99)),
+        "itl_max": _ms(max(gaps, default=None)),
+        "e2e_p50": _ms(percentile(e2e, 50)),
+        "output_tokens_per_s": round(out_tokens / load.wall_s, 1) if load.wall_s else None,
+        "requests_per_s": round(len(done) / load.wall_s, 3) if load.wall_s else None,
+        "prompt_tokens": prompt,
+        "output_tokens": out_tokens,
+        "cached_tokens_rate": round(sum(cached) / prompt, 4) if cached and prompt else None,
+        "live_kv_over_hbm": {
+            "mean_second_half": round(statistics.mean(steady) / hbm_tokens, 2) if steady else None,
+            "peak": round(max((n for _, n in load.live_tokens), default=0) / hbm_tokens, 2),
+        },
+    }
+
+
+def hits(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """Counter deltas over the load, and hit rates: all hits (vLLM's own cache plus the
+    connector's) over the tokens looked up, and the connector's over what it was asked."""
+    delta = {
+        key: metric_sum(after, name) - metric_sum(before, name) for key, name in COUNTERS.items()
+    }
+    tiers = {
+        tier: metric_sum(after, TIER_HITS, tier=tier) - metric_sum(before, TIER_HITS, tier=tier)
+        for tier in ("l1", "l2")
+    }
+    queries, external = delta["queries"], delta["external_queries"]
+    return {
+        **{key: int(value) for key, value in delta.items()},
+        "ours_tier_hits": {tier: int(value) for tier, value in tiers.items()},
+        "hit_rate": round((delta["hbm_hits"] + delta["external_hits"]) / queries, 4)
+        if queries
+        else None,
+        "external_hit_rate": round(delta["external_hits"] / external, 4) if external else None,
+    }
+
+
+def outputs(load: Load) -> dict[str, list[int]]:
+    """Generated token ids of each completed request, keyed `session/turn`."""
+    return {f"{r.sid}/{r.turn}": r.tokens for r in load.records if r.e2e_s is not None}
+
+
+def compare(mine: dict[str, list[int]], reference: dict[str, list[int]]) -> dict[str, Any]:
+    """Requests both runs completed, how many generated identical tokens, the first few
+    that did not (key and first differing position)."""
+    common = sorted(set(mine) & set(reference))
+    differ = []
+    for key in common:
+        a, b = mine[key], reference[key]
+        if a != b:
+            pos = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+            differ.append(
+                {"request": key, "first_diff": pos if pos is not None else min(len(a), len(b))}
+            )
+    return {"compared": len(common), "identical": len(common) - len(differ), "differ": differ[:5]}
+
+
+COLUMNS = (
+    ("rate", "rate", "{}"),
+    ("mode", "mode", "{}"),
+    ("done", "completed", "{}"),
+    ("TTFT p50", "ttft_p50", "{:.0f}"),
+    ("p90", "ttft_p90", "{:.0f}"),
+    ("p99", "ttft_p99", "{:.0f}"),
+    ("ITL p50", "itl_p50", "{:.1f}"),
+    ("p99", "itl_p99", "{:.1f}"),
+    ("E2E p50", "e2e_p50", "{:.0f}"),
+    ("out tok/s", "output_tokens_per_s", "{:.1f}"),
+    ("req/s", "requests_per_s", "{:.2f}"),
+    ("hit %", "hit_pct", "{:.1f}"),
+    ("live/HBM", "live", "{}"),
+    ("same as none", "same", "{}"),
+    ("checks same", "verify_same", "{}"),
+)
+
+
+def row(result: dict[str, Any]) -> dict[str, Any]:
+    """The table's cells of one result (times in ms)."""
+    live = result["live_kv_over_hbm"]
+    hit = result["hits"]["hit_rate"]
+    return {
+        **result,
+        "rate": result["rate_label"],
+        "hit_pct": None if hit is None else 100 * hit,
+        "live": f"{live['mean_second_half']}x",
+        "same": _fraction(result.get("identical_to_none")),
+        "verify_same": _fraction(result.get("verify_identical_to_none")),
+    }
+
+
+def _fraction(check: dict[str, Any] | None) -> str:
+    return "-" if check is None else f"{check['identical']}/{check['compared']}"
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """A fixed-width table of `results` (TTFT, ITL and E2E in ms)."""
+    cells = [
+        [("-" if (v := row(r).get(key)) is None else fmt.format(v)) for _, key, fmt in COLUMNS]
+        for r in results
+    ]
+    heads = [head for head, _, _ in COLUMNS]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(heads, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
+    return "\n".join(lines)
