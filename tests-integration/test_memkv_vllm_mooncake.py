@@ -19,9 +19,11 @@ from memkv_harness import (
     P3,
     PROMPTS,
     STALL_NAMES,
+    check_one_budget_per_stop,
     check_stalls,
     direct_config,
     engine_env,
+    one_stop_phases,
     run_stall_engine,
     stall_phases,
     tier_config,
@@ -168,3 +170,23 @@ def test_mooncake_master_or_stores_stopped_never_stall_the_engine(
         cluster.stop()
     check_stalls([r for r in results if r["calls"]], memkv_baseline, STALL_NAMES)
     assert "timed out or is down" in log
+
+
+@pytest.mark.newest
+def test_mooncake_master_then_a_store_stopped_cost_one_budget_each(
+    tiny_llama: str, memkv_baseline: EngineRun, tmp_path: Path
+) -> None:
+    # a client TTL longer than the test: the stopped store keeps its segment mounted
+    cluster = MooncakeCluster(tmp_path, stores=3, segment_mb=16, client_ttl_s=120).start()
+    assert cluster.master is not None
+    master, store = cluster.master.pid, cluster.segments[0].pid
+    try:
+        spec = {"model": tiny_llama, "kv_transfer_config": direct_config(),
+                "phases": one_stop_phases([master, store])}  # fmt: skip
+        results, log = run_stall_engine(spec, tmp_path, engine_env(**cluster.env()))
+    finally:
+        for pid in (master, store):
+            os.kill(pid, signal.SIGCONT)
+        cluster.stop()
+    check_one_budget_per_stop(results, memkv_baseline)
+    assert "register_buffer" not in log

@@ -7,7 +7,8 @@ and each phase may signal a store process first: `"signal": ["STOP", pid]` (also
 answers a lookup HIT, so the load meets the stopped member). Every prompt is its own `generate`
 call. `"until_cached": seconds` repeats a phase (vLLM's prefix cache reset each time,
 and the connector's with `"reset_connector": true` at the top) until its first prompt was
-served from the store. The last stdout line is `RESULT <json>`:
+served from the store; `"sleep": seconds` waits before the phase's first call. The last
+stdout line is `RESULT <json>`:
 per phase, each call's tokens, `num_cached_tokens` and seconds, the longest scheduler
 step and the longest forward pass, memkv-vllm's lookup calls, and the repeats it took.
 """
@@ -97,6 +98,7 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
             name, pid = phase["signal"]
             os.kill(pid, getattr(signal, f"SIG{name}"))
         timings.stop_after_hit = list(phase.get("stop_after_hit", []))
+        time.sleep(phase.get("sleep", 0))
         started, repeats = time.monotonic(), 0
         while True:
             timings.reset()
