@@ -15,6 +15,7 @@ from ._version import SUPPORTED_VLLM, __version__
 from .config import ConfigError, OffloadConfig
 
 __all__ = [
+    "PATCH_STATUS",
     "SUPPORTED_VLLM",
     "ConfigError",
     "MarconiOffloadConnector",
@@ -24,6 +25,8 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .connector import MarconiOffloadConnector
+
+    PATCH_STATUS: str
 
 _RENAMED = {"SimpleCPUOffloadConnector": "MarconiOffloadConnector"}
 
@@ -35,6 +38,8 @@ def __getattr__(name: str) -> object:
         from .connector import MarconiOffloadConnector
 
         return MarconiOffloadConnector
+    if name == "PATCH_STATUS":
+        return _patch_status()
     if name == "OffloadingConnector":  # vLLM's one-flag offload, plugins not loaded
         from .early_check import ONE_FLAG_ERROR
 
@@ -46,3 +51,19 @@ def __getattr__(name: str) -> object:
             f'of that name and special-cases it. Use "kv_connector": "{_RENAMED[name]}".'
         )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _patch_status() -> str:
+    """`PATCH_STATUS`: the state of the hybrid-model scheduler patch for the installed vLLM.
+
+    "not-needed" on every release in `SUPPORTED_VLLM`: their hybrid-model scheduler takes
+    external hits, so the connector patches nothing; "skipped-unsupported-vllm-VERSION"
+    outside it (the connector patches nothing there either; vllm-kv-astpatch has the patch
+    for vLLM 0.22.1). Imports vLLM.
+    """
+    from .compat import check_supported, vllm_version
+
+    version = vllm_version()
+    return (
+        "not-needed" if check_supported(version) is None else f"skipped-unsupported-vllm-{version}"
+    )
