@@ -33,8 +33,8 @@ CASES = {
     ),
     "direct-budget": (
         direct_config(memkv_stall_budget_s="soon"),
-        "ERROR memkv-vllm: kv_connector_extra_config key 'memkv_stall_budget_s': got 'soon'; "
-        "accepted: a number",
+        "ERROR memkv-vllm: kv_connector_extra_config: memkv_stall_budget_s must be a finite "
+        "number in [0.01, 60.0], got 'soon'",
     ),
     "tier-on-cpu": (
         vllm_tiering(),

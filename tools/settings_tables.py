@@ -44,6 +44,13 @@ def _memkv_vllm(name: str) -> Callable[[], str]:
     return table
 
 
+def _memkv_vllm_store() -> str:
+    from kv_offload_settings import markdown_table
+    from memkv_vllm.store import store_settings
+
+    return markdown_table(store_settings(), header="Key")
+
+
 MEMKV_VLLM_README = ROOT / "packages/memkv-vllm/README.md"
 TABLES: dict[str, tuple[Path, Callable[[], str]]] = {
     "kvpool-mmap": (ROOT / "packages/kvpool-mmap/README.md", _kvpool_mmap),
@@ -53,6 +60,7 @@ TABLES: dict[str, tuple[Path, Callable[[], str]]] = {
     ),
     "memkv-vllm-tier": (MEMKV_VLLM_README, _memkv_vllm("memkv-vllm-tier")),
     "memkv-vllm-direct": (MEMKV_VLLM_README, _memkv_vllm("memkv-vllm-direct")),
+    "memkv-vllm-store": (MEMKV_VLLM_README, _memkv_vllm_store),
 }
 
 

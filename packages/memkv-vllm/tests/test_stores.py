@@ -14,14 +14,16 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from memkv_server import MemKVServer
-from memkv_vllm.config import ConfigError
+from memkv_vllm.errors import ConfigError
 from memkv_vllm.store import KVStore, StoreConfig, open_store
+from memkv_vllm.store.registry import backend_names
 from mooncake_cluster import MooncakeCluster
 
 MiB = 1 << 20
@@ -29,6 +31,57 @@ needs_mooncake = pytest.mark.skipif(
     importlib.util.find_spec("mooncake") is None,
     reason="Mooncake Store is not installed (pip install 'memkv-vllm[mooncake]')",
 )
+
+
+@dataclass(frozen=True)
+class Local:
+    """How the contract tests run a backend's members on 127.0.0.1."""
+
+    needs: str
+    """The Python package its client imports (the backend's tests skip without it)."""
+    start: Callable[[Path], Any]
+    """Its members, started: an object with `env()` (the settings that reach them) and
+    `stop()`."""
+    stalls: Callable[[Any], subprocess.Popen[bytes]]
+    """The process whose stop (SIGSTOP) stalls every call."""
+
+
+LOCAL = {
+    "memkv": Local("memkv_client", lambda tmp: MemKVServer(tmp / "memkv.log").start(),
+                   lambda server: server.proc),
+    "mooncake": Local("mooncake", lambda tmp: MooncakeCluster(tmp, stores=2, segment_mb=16,
+                                                              client_ttl_s=10).start(),
+                      lambda cluster: cluster.master),
+}  # fmt: skip
+"""Every registered backend (`memkv_vllm.store.registry`): the contract tests run on each."""
+
+
+def _registered() -> list[Any]:
+    params = []
+    for name in backend_names():
+        needs = LOCAL[name].needs if name in LOCAL else ""
+        missing = bool(needs) and importlib.util.find_spec(needs) is None
+        params.append(pytest.param(name, marks=pytest.mark.skipif(
+            missing, reason=f"{name}: {needs} is not installed")))  # fmt: skip
+    return params
+
+
+def test_every_registered_backend_runs_in_the_contract_tests() -> None:
+    missing = sorted(set(backend_names()) - set(LOCAL))
+    assert not missing, f"add how to run {missing} locally to LOCAL in {__file__}"
+
+
+@pytest.fixture(params=_registered())
+def members(request: Any, tmp_path: Path) -> Iterator[tuple[Any, subprocess.Popen[bytes]]]:
+    """A registered backend's members, running, and the process whose stop stalls them."""
+    if request.param not in LOCAL:
+        pytest.fail(f"backend {request.param!r} is registered but not in LOCAL")
+    local = LOCAL[request.param]
+    running = local.start(tmp_path)
+    proc = local.stalls(running)
+    yield running, proc
+    os.kill(proc.pid, signal.SIGCONT)
+    running.stop()
 
 
 @pytest.fixture
@@ -47,18 +100,13 @@ def open_on(
     return open_store(StoreConfig.resolve(settings, "test"), True, "test", **shared)
 
 
-@pytest.fixture(params=["memkv", pytest.param("mooncake", marks=needs_mooncake)])
-def store(request: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KVStore]:
-    if request.param == "memkv":
-        server: Any = MemKVServer(tmp_path / "memkv.log").start()
-        env = server.env()
-    else:
-        server = MooncakeCluster(tmp_path, stores=3, segment_mb=16).start()
-        env = server.env()
-    s = open_on(monkeypatch, env)
+@pytest.fixture
+def store(
+    members: tuple[Any, subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[KVStore]:
+    s = open_on(monkeypatch, members[0].env())
     yield s
     s.close()
-    server.stop()
 
 
 @pytest.fixture
@@ -189,29 +237,51 @@ def test_store_config_chain_and_errors(tmp_path: Path) -> None:
            "MEMKV_MOONCAKE_METADATA_SERVER": "http://10.0.0.5:8080/metadata",
            "MEMKV_MOONCAKE_REPLICAS": "2"}  # fmt: skip
     cfg = StoreConfig.resolve({}, "test", env=env)
-    assert (cfg.backend, cfg.mooncake_replicas, cfg.mooncake_protocol) == ("mooncake", 2, "tcp")
+    own = cfg.backend_settings
+    assert (cfg.backend, own.mooncake_replicas, own.mooncake_protocol) == ("mooncake", 2, "tcp")
     yaml_file = tmp_path / "memkv.yaml"
     yaml_file.write_text("servers: [127.0.0.1:9900]\nmooncake_replicas: 3\n")
     cfg = StoreConfig.resolve({}, "test", env={**env, "MEMKV_CONFIG": str(yaml_file)})
-    assert cfg.mooncake_replicas == 3  # the file beats the environment
+    assert cfg.backend_settings.mooncake_replicas == 3  # the file beats the environment
     cfg = StoreConfig.resolve({"memkv_mooncake_replicas": 1}, "extra", "memkv_",
                               env={**env, "MEMKV_CONFIG": str(yaml_file)})  # fmt: skip
-    assert cfg.mooncake_replicas == 1  # the vLLM config beats both
+    assert cfg.backend_settings.mooncake_replicas == 1  # the vLLM config beats both
     assert StoreConfig.resolve({}, "test", env={}).backend == "memkv"
 
+    tier = "memkv-vllm: secondary_tiers[memkv]: "
     bad = [
-        ({"backend": "redis"}, r"'backend': got 'redis'; accepted: memkv, mooncake"),
-        ({"mooncake_master": "master"}, r"'mooncake_master': got 'master'; accepted: host:port"),
-        ({"mooncake_protocol": "udp"}, r"'mooncake_protocol': got 'udp'; accepted: tcp, rdma"),
-        ({"mooncake_metadata_server": "10.0.0.5:8080"}, r"'mooncake_metadata_server'"),
-        ({"mooncake_replicas": 0}, r"'mooncake_replicas': got 0; accepted: 1 to 16"),
-        ({"mooncake_buffer_mb": "lots"}, r"'mooncake_buffer_mb': got 'lots'; accepted: an int"),
-    ]
+        ({"backend": "mooncak"}, tier + "backend must be one of ['memkv', 'mooncake'] or a "
+         "package.module:Class, got 'mooncak' (did you mean 'mooncake'?)"),
+        ({"mooncake_master": "master"}, tier + "mooncake_master must be host:port of "
+         "mooncake_master's RPC service (e.g. 10.0.0.5:50051), got 'master'"),
+        ({"mooncake_protocol": "udp"},
+         tier + "mooncake_protocol must be one of ['tcp', 'rdma'], got 'udp'"),
+        ({"mooncake_metadata_server": "10.0.0.5:8080"}, tier + "mooncake_metadata_server must be "
+         "http://host:port/metadata, etcd://host:port, redis://host:port or P2PHANDSHAKE, got "
+         "'10.0.0.5:8080'"),
+        ({"mooncake_replicas": 0}, tier + "mooncake_replicas must be an integer in [1, 16], got 0"),
+        ({"mooncake_buffer_mb": "lots"},
+         tier + "mooncake_buffer_mb must be an integer >= 16, got 'lots'"),
+        ({"stall_budget_s": 0}, tier + "stall_budget_s must be a finite number in [0.01, 60.0], "
+         "got 0"),
+    ]  # fmt: skip
     for settings, message in bad:
-        with pytest.raises(ConfigError, match=message):
+        with pytest.raises(ConfigError) as raised:
             StoreConfig.resolve(settings, "secondary_tiers[memkv]", env=env)
-    with pytest.raises(ConfigError, match=r"environment key 'MEMKV_MOONCAKE_SEGMENT_MB'"):
-        StoreConfig.resolve({}, "test", env={"MEMKV_MOONCAKE_SEGMENT_MB": "-1"})
+        assert str(raised.value) == message
+    with pytest.raises(ConfigError) as raised:
+        StoreConfig.resolve({}, "test", env={**env, "MEMKV_MOONCAKE_SEGMENT_MB": "-1"})
+    assert str(raised.value) == (
+        "memkv-vllm: environment: MEMKV_MOONCAKE_SEGMENT_MB must be an integer >= 0, got '-1'"
+    )
+    with pytest.raises(ConfigError) as raised:
+        StoreConfig.resolve({"memkv_backend": "mooncake"}, "kv_connector_extra_config", "memkv_",
+                            env={})  # fmt: skip
+    assert str(raised.value) == (
+        "memkv-vllm: kv_connector_extra_config: memkv_mooncake_master is required (set it here, "
+        "in MEMKV_CONFIG or as MEMKV_MOONCAKE_MASTER); accepted: host:port of mooncake_master's "
+        "RPC service (e.g. 10.0.0.5:50051)"
+    )
 
 
 @needs_mooncake
@@ -254,20 +324,14 @@ def wait_until(check: Callable[[], bool], timeout: float) -> float:
     return time.monotonic() - started
 
 
-@pytest.fixture(params=["memkv", pytest.param("mooncake-master", marks=needs_mooncake)])
+@pytest.fixture
 def member(
-    request: Any, tmp_path: Path
-) -> Iterator[tuple[dict[str, str], subprocess.Popen[bytes]]]:
-    """A server's environment and the process to stop: `memkv serve`, or Mooncake's master."""
-    if request.param == "memkv":
-        server: Any = MemKVServer(tmp_path / "memkv.log").start()
-        proc = server.proc
-    else:
-        server = MooncakeCluster(tmp_path, stores=2, segment_mb=16, client_ttl_s=10).start()
-        proc = server.master
-    yield server.env(), proc
-    os.kill(proc.pid, signal.SIGCONT)
-    server.stop()
+    members: tuple[Any, subprocess.Popen[bytes]],
+) -> tuple[dict[str, str], subprocess.Popen[bytes]]:
+    """A registered backend's settings and the process to stop (`memkv serve`, or
+    Mooncake's master)."""
+    running, proc = members
+    return running.env(), proc
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .protocol import OK, Item, ItemOutcome, KVStore, MemberState, StoreCounters
 from .registry import BACKENDS, backend_class, register_backend
-from .settings import MIN_TRANSFER_RATE, StoreConfig, store_keys
+from .settings import MIN_TRANSFER_RATE, StoreConfig, store_keys, store_settings
 
 __all__ = [
     "BACKENDS",
@@ -25,6 +25,7 @@ __all__ = [
     "open_store",
     "register_backend",
     "store_keys",
+    "store_settings",
 ]
 
 

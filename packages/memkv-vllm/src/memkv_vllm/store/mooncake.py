@@ -38,9 +38,10 @@ import urllib.request
 from bisect import insort
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
+from kv_offload_settings import setting, settings_of
 from vllm_kv_identity.doctor import Check
 
 from ..errors import ConfigError
@@ -52,7 +53,7 @@ from .protocol import Item, ItemOutcome, MemberState, StoreCounters
 if TYPE_CHECKING:
     from .settings import StoreConfig
 
-__all__ = ["MooncakeStore", "mooncake_key"]
+__all__ = ["MooncakeSettings", "MooncakeStore", "mooncake_key"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 
@@ -79,6 +80,69 @@ _CAUSES = {
 }
 
 
+@dataclass(frozen=True)
+class MooncakeSettings:
+    """The `mooncake` backend's keys (store keys, looked up as `.settings` describes)."""
+
+    mooncake_master: str = setting(
+        "text",
+        "`host:port` of `mooncake_master`'s RPC service.",
+        accepts="host:port of mooncake_master's RPC service (e.g. 10.0.0.5:50051)",
+    )
+    mooncake_metadata_server: str = setting(
+        "text",
+        "Transfer-engine metadata service: the master's embedded one "
+        "(`--enable_http_metadata_server=true`), etcd, redis, or none (`P2PHANDSHAKE`).",
+        accepts="http://host:port/metadata, etcd://host:port, redis://host:port or P2PHANDSHAKE",
+    )
+    mooncake_protocol: str = setting("choice", "Transfer protocol.", "tcp", choices=PROTOCOLS)
+    mooncake_rdma_devices: str = setting(
+        "text",
+        "RDMA devices for `rdma`; empty: the NIC on this rank's GPU's PCIe switch (sysfs, "
+        "narrowed by `MEMKV_RDMA_DEVICES`; `memkv net topo` shows the choice).",
+        "",
+        accepts="comma-separated RDMA device names, or empty",
+    )
+    mooncake_local_hostname: str = setting(
+        "text",
+        "Address this process registers under (empty: the host name); also exported as "
+        "`MC_TCP_BIND_ADDRESS` when set (Mooncake otherwise advertises the first "
+        "non-loopback interface).",
+        "",
+        accepts="a host name or address, or empty",
+    )
+    mooncake_segment_mb: int = setting(
+        "int",
+        "MiB this process mounts into the pool (0: a pure client; memory comes from store "
+        "processes).",
+        0,
+        minimum=0,
+    )
+    mooncake_buffer_mb: int = setting(
+        "int",
+        "MiB transfer buffer of this process (small records, unregistered memory).",
+        64,
+        minimum=16,
+    )
+    mooncake_staging_mb: int = setting(
+        "int",
+        "MiB staging arena every batch moves through, registered once at startup; a batch "
+        "moves in calls of at most a quarter of it; when calls that timed out hold it all, a "
+        "call fails at once (`staging_full`).",
+        256,
+        minimum=4,
+    )
+    mooncake_replicas: int = setting(
+        "int", "Copies of each value, on different segments.", 1, minimum=1, maximum=16
+    )
+
+
+def _own(config: StoreConfig) -> MooncakeSettings:
+    """The `mooncake_*` settings `StoreConfig.resolve` built for this backend."""
+    own: MooncakeSettings = config.backend_settings
+    return own
+
+
 def mooncake_key(key: bytes) -> str:
     """The Mooncake key of one of our keys (printable ASCII as is, else `mkvh:<hex>`)."""
     if key.isascii():
@@ -86,6 +150,11 @@ def mooncake_key(key: bytes) -> str:
         if text.isprintable() and not text.startswith("mkvh:"):
             return text
     return "mkvh:" + key.hex()
+
+
+def _bad(where: str, key_prefix: str, name: str, value: str) -> NoReturn:
+    accepted = settings_of(MooncakeSettings)[name].accepted()
+    raise ConfigError(where, "", f"{key_prefix + name} must be {accepted}, got {value!r}")
 
 
 def _cause(code: int) -> str:
@@ -133,9 +202,9 @@ def _metadata_check(url: str, timeout: float) -> Check:
     return Check.ok(f"Mooncake metadata server {url} answers")
 
 
-def _rdma_devices(config: StoreConfig, gpu: int | None) -> str:
-    if config.mooncake_protocol != "rdma" or config.mooncake_rdma_devices:
-        return config.mooncake_rdma_devices
+def _rdma_devices(settings: MooncakeSettings, gpu: int | None) -> str:
+    if settings.mooncake_protocol != "rdma" or settings.mooncake_rdma_devices:
+        return settings.mooncake_rdma_devices
     return rank_nic(gpu) or ""  # "": Mooncake discovers the devices itself
 
 
@@ -201,37 +270,32 @@ class MooncakeStore:
         "(MEMKV_MOONCAKE_MASTER, MEMKV_MOONCAKE_METADATA_SERVER)"
     )
 
+    Settings = MooncakeSettings
+
     @classmethod
     def check_config(cls, config: StoreConfig, where: str, key_prefix: str) -> None:
-        """Raise `ConfigError` for a bad `mooncake_*` value (before anything connects)."""
-        if config.mooncake_protocol not in PROTOCOLS:
-            raise ConfigError(where, key_prefix + "mooncake_protocol", f"got "
-                              f"{config.mooncake_protocol!r}; accepted: {', '.join(PROTOCOLS)}")  # fmt: skip
-        host, _, port = config.mooncake_master.rpartition(":")
+        """Raise `ConfigError` for a `mooncake_master` that is not `host:port` or a
+        metadata server of no known scheme (before anything connects)."""
+        own = _own(config)
+        host, _, port = own.mooncake_master.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(
-                where, key_prefix + "mooncake_master", f"got {config.mooncake_master!r}; "
-                "accepted: host:port of mooncake_master's RPC service (e.g. 10.0.0.5:50051)",
-            )  # fmt: skip
-        if not config.mooncake_metadata_server.startswith(METADATA_SCHEMES):
-            raise ConfigError(
-                where, key_prefix + "mooncake_metadata_server",
-                f"got {config.mooncake_metadata_server!r}; accepted: http://host:port/metadata, "
-                "etcd://host:port, redis://host:port or P2PHANDSHAKE",
-            )  # fmt: skip
+            _bad(where, key_prefix, "mooncake_master", own.mooncake_master)
+        if not own.mooncake_metadata_server.startswith(METADATA_SCHEMES):
+            _bad(where, key_prefix, "mooncake_metadata_server", own.mooncake_metadata_server)
 
     @classmethod
     def uses_rdma(cls, config: StoreConfig) -> bool:
         """Whether values move over RDMA (`mooncake_protocol`)."""
-        return config.mooncake_protocol == "rdma"
+        return _own(config).mooncake_protocol == "rdma"
 
     @classmethod
     def doctor_checks(cls, config: StoreConfig, timeout: float) -> list[Check]:
         """The master's RPC port accepts a connection and the metadata server answers,
         each within `timeout`."""
-        master = _reachable("Mooncake master", config.mooncake_master, timeout,
+        own = _own(config)
+        master = _reachable("Mooncake master", own.mooncake_master, timeout,
                             "start mooncake_master there (--rpc_port)")  # fmt: skip
-        return [master, _metadata_check(config.mooncake_metadata_server, timeout)]
+        return [master, _metadata_check(own.mooncake_metadata_server, timeout)]
 
     def __init__(
         self,
@@ -251,19 +315,20 @@ class MooncakeStore:
                 f"({exc}): pip install 'memkv-vllm[mooncake]' (and apt-get install libibverbs1)"
             ) from exc
         self.config = config
-        hostname = config.mooncake_local_hostname or socket.gethostname()
-        if config.mooncake_local_hostname:
+        self.settings = own = _own(config)
+        hostname = own.mooncake_local_hostname or socket.gethostname()
+        if own.mooncake_local_hostname:
             # advertise the transfer endpoint on the address we register under
-            os.environ.setdefault("MC_TCP_BIND_ADDRESS", config.mooncake_local_hostname)
+            os.environ.setdefault("MC_TCP_BIND_ADDRESS", own.mooncake_local_hostname)
         self._store = MooncakeDistributedStore()
         self._board = HealthBoard(engine)
-        self._guard = self._member(config.mooncake_master, "Mooncake Store (master)", self._probe)
-        setup = (hostname, config.mooncake_metadata_server, config.mooncake_segment_mb << 20,
-                 config.mooncake_buffer_mb << 20, config.mooncake_protocol,
-                 _rdma_devices(config, gpu), config.mooncake_master)  # fmt: skip
-        self._staging = _Staging(config.mooncake_staging_mb << 20)
-        where = (f"check mooncake_master={config.mooncake_master!r} and mooncake_metadata_server="
-                 f"{config.mooncake_metadata_server!r} (and that the master runs with "
+        self._guard = self._member(own.mooncake_master, "Mooncake Store (master)", self._probe)
+        setup = (hostname, own.mooncake_metadata_server, own.mooncake_segment_mb << 20,
+                 own.mooncake_buffer_mb << 20, own.mooncake_protocol,
+                 _rdma_devices(own, gpu), own.mooncake_master)  # fmt: skip
+        self._staging = _Staging(own.mooncake_staging_mb << 20)
+        where = (f"check mooncake_master={own.mooncake_master!r} and mooncake_metadata_server="
+                 f"{own.mooncake_metadata_server!r} (and that the master runs with "
                  "--enable_http_metadata_server=true for an http:// metadata server)")  # fmt: skip
         rc = self._setup("setup", lambda: self._store.setup(*setup))
         if rc != 0:
@@ -282,10 +347,10 @@ class MooncakeStore:
             )
         self._part_bytes = arena // 4  # a batch moves in calls of at most this many bytes
         self._replicate = ReplicateConfig()
-        self._replicate.replica_num = config.mooncake_replicas
+        self._replicate.replica_num = own.mooncake_replicas
         self._new_placement = ReplicateConfig
         self._complete = ReplicaStatus.COMPLETE
-        self._puts = self._member(f"{config.mooncake_master} (puts)", "Mooncake Store puts",
+        self._puts = self._member(f"{own.mooncake_master} (puts)", "Mooncake Store puts",
                                   self._probe_puts)  # fmt: skip
         self._lock = threading.Lock()
         self._stores: dict[str, MemberGuard] = {}  # store processes, by transfer endpoint
@@ -349,12 +414,12 @@ class MooncakeStore:
         if not answering or len(answering) == len(guards):
             return self._replicate
         config = self._new_placement()
-        config.replica_num = self.config.mooncake_replicas
+        config.replica_num = self.settings.mooncake_replicas
         config.preferred_segment = answering[next(self._serial) % len(answering)]
         return config
 
     def describe(self) -> str:
-        c = self.config
+        c = self.settings
         return (
             f"Mooncake Store (master {c.mooncake_master}, metadata {c.mooncake_metadata_server}, "
             f"{c.mooncake_protocol}, {c.mooncake_replicas} replica(s), "
@@ -375,7 +440,7 @@ class MooncakeStore:
 
     def _full(self, n: int) -> list[ItemOutcome]:
         cause = "the staging arena is full (calls that timed out still hold it)"
-        return [ItemOutcome(False, cause, self.config.mooncake_master, True)] * n
+        return [ItemOutcome(False, cause, self.settings.mooncake_master, True)] * n
 
     def _parts(self, positions: list[int], items: list[Item]) -> list[list[int]]:
         """`positions` in consecutive parts of at most `_part_bytes` (an item alone may
@@ -427,7 +492,7 @@ class MooncakeStore:
     def _put(self, items: list[Item]) -> list[ItemOutcome]:
         if not self._guard.up:  # a put needs the master
             cause = "Mooncake Store (master) is down (skipped)"
-            return [ItemOutcome(False, cause, self.config.mooncake_master, True)] * len(items)
+            return [ItemOutcome(False, cause, self.settings.mooncake_master, True)] * len(items)
         staged = self._stage(items)
         if staged is None:
             return self._full(len(items))
@@ -543,7 +608,7 @@ class MooncakeStore:
 
     def stats(self) -> dict[str, Any]:
         members = self._members()
-        return {"backend": self.backend, "master": self.config.mooncake_master,
+        return {"backend": self.backend, "master": self.settings.mooncake_master,
                 "deadline_misses": sum(g.deadline_misses for g in members),
                 "skipped": sum(g.skipped for g in members), "staging_full": self._staging.full,
                 **self._counters.snapshot()}  # fmt: skip

@@ -2,10 +2,14 @@
 
 A backend is a class implementing `.protocol.KVStore`, built by `open_store` as
 `cls(config, probe=..., who=..., gpu=..., engine=...)` (`engine`: share what it finds
-down through a `.health_board.HealthBoard` for that engine), with classmethods:
+down through a `.health_board.HealthBoard` for that engine). The class declares:
 
-* `check_config(config, where, key_prefix)`: raise `ConfigError` for a bad value of its
-  own keys;
+* `Settings` (optional; absent: no keys of its own): a frozen dataclass whose fields are
+  its store keys, each declared with `kv_offload_settings.setting` (kind, default,
+  bounds, doc); `StoreConfig.resolve` builds it as `config.backend_settings`, and the
+  README's store table lists it;
+* `check_config(config, where, key_prefix)`: raise `ConfigError` for a value of its own
+  keys that the declarations cannot check (e.g. an address's form);
 * `doctor_checks(config, timeout) -> list[Check]` (optional): `python -m memkv_vllm
   doctor`'s probes of its members (`vllm_kv_identity.doctor.Check`), each ending
   within `timeout` seconds;
@@ -13,8 +17,9 @@ down through a `.health_board.HealthBoard` for that engine), with classmethods:
   (the doctor then requires the pinned memory to be lockable).
 
 The `backend` setting names one of `BACKENDS`, or any class by its
-`package.module:Class` path (a backend in another distribution needs no change here).
-A new in-tree backend is one module and one line in `BACKENDS`.
+`package.module:Class` path (a backend in another distribution needs no change here; its
+`Settings` keys are accepted in `MEMKV_CONFIG` and tier entries once `register_backend`
+names it). A new in-tree backend is one module and one line in `BACKENDS`.
 """
 
 from __future__ import annotations
