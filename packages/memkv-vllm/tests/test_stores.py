@@ -20,11 +20,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kv_offload_settings import setting
 from memkv_server import MemKVServer
+from memkv_vllm.config import TierConfig
+from memkv_vllm.doctor import doctor_checks
 from memkv_vllm.errors import ConfigError
-from memkv_vllm.store import KVStore, StoreConfig, open_store
+from memkv_vllm.store import BACKENDS, KVStore, StoreConfig, open_store, store_keys, store_settings
 from memkv_vllm.store.registry import backend_names
 from mooncake_cluster import MooncakeCluster
+from vllm_kv_identity.doctor import Check
 
 MiB = 1 << 20
 needs_mooncake = pytest.mark.skipif(
@@ -282,6 +286,52 @@ def test_store_config_chain_and_errors(tmp_path: Path) -> None:
         "in MEMKV_CONFIG or as MEMKV_MOONCAKE_MASTER); accepted: host:port of mooncake_master's "
         "RPC service (e.g. 10.0.0.5:50051)"
     )
+
+
+@dataclass(frozen=True)
+class ExampleSettings:
+    example_url: str = setting("text", "Where the example store listens.", accepts="a URL")
+    example_copies: int = setting("int", "Copies of each value.", 2, minimum=1, maximum=4)
+
+
+class ExampleStore:
+    """A backend as a new module would declare it (never opened here)."""
+
+    Settings = ExampleSettings
+
+    @classmethod
+    def check_config(cls, config: StoreConfig, where: str, key_prefix: str) -> None:
+        if "://" not in config.backend_settings.example_url:
+            raise ConfigError(where, "", f"{key_prefix}example_url must be a URL")
+
+    @classmethod
+    def doctor_checks(cls, config: StoreConfig, timeout: float) -> list[Check]:
+        return [Check.ok(f"example store {config.backend_settings.example_url} answers")]
+
+
+def test_a_backend_is_its_module_and_one_registry_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With only its registry line added, a backend's keys are read from every source,
+    checked, accepted in tier entries, listed in the README table and probed by the
+    doctor."""
+    monkeypatch.setitem(BACKENDS, "example", f"{__name__}:ExampleStore")
+    for name in [n for n in os.environ if n.startswith("MEMKV_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("MEMKV_BACKEND", "example")
+    monkeypatch.setenv("MEMKV_EXAMPLE_URL", "ex://10.0.0.5")
+    cfg = StoreConfig.resolve({"example_copies": 3}, "secondary_tiers[memkv]")
+    assert cfg.backend_settings == ExampleSettings("ex://10.0.0.5", 3)
+    assert TierConfig.from_dict({"example_copies": 3})
+    assert "memkv_example_url" in store_keys("memkv_")
+    assert store_settings()["example_url"].env == "MEMKV_EXAMPLE_URL"
+    with pytest.raises(ConfigError) as raised:
+        StoreConfig.resolve({"example_copies": 5}, "secondary_tiers[memkv]")
+    assert str(raised.value) == (
+        "memkv-vllm: secondary_tiers[memkv]: example_copies must be an integer in [1, 4], got 5"
+    )
+    with pytest.raises(ConfigError, match="example_url must be a URL"):
+        StoreConfig.resolve({"example_url": "10.0.0.5"}, "secondary_tiers[memkv]")
+    findings = [check.finding for check in doctor_checks(None)]
+    assert "example store ex://10.0.0.5 answers" in findings
 
 
 @needs_mooncake
