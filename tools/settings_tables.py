@@ -51,6 +51,13 @@ def _memkv_vllm_store() -> str:
     return markdown_table(store_settings(), header="Key")
 
 
+def _memkv_client() -> str:
+    from kv_offload_settings import markdown_table
+    from memkv_client.config import SETTINGS
+
+    return markdown_table(SETTINGS)
+
+
 MEMKV_VLLM_README = ROOT / "packages/memkv-vllm/README.md"
 TABLES: dict[str, tuple[Path, Callable[[], str]]] = {
     "kvpool-mmap": (ROOT / "packages/kvpool-mmap/README.md", _kvpool_mmap),
@@ -58,6 +65,7 @@ TABLES: dict[str, tuple[Path, Callable[[], str]]] = {
         ROOT / "packages/vllm-marconi-offload/README.md",
         _vllm_marconi_offload,
     ),
+    "memkv-client": (ROOT / "packages/memkv-client/README.md", _memkv_client),
     "memkv-vllm-tier": (MEMKV_VLLM_README, _memkv_vllm("memkv-vllm-tier")),
     "memkv-vllm-direct": (MEMKV_VLLM_README, _memkv_vllm("memkv-vllm-direct")),
     "memkv-vllm-store": (MEMKV_VLLM_README, _memkv_vllm_store),

@@ -91,3 +91,23 @@ def test_a_missing_config_file_is_named(tmp_path: Path) -> None:
         read_config_file(tmp_path / "none.yaml")
     (tmp_path / "empty.yaml").write_text("")
     assert read_config_file(tmp_path / "empty.yaml") == {}
+
+
+@dataclass(frozen=True)
+class Client:
+    timeout_ms: int = setting("int", "Deadline.", 5000, maximum=86_400_000)
+    key: str | None = setting("any", "Secret.", None, accepts="hex", optional=True, secret=True)
+    servers: tuple[str, ...] = setting("any", "Servers.", ("a:1", "b:2"), accepts="host:port")
+
+
+def test_large_integer_bounds_and_tuple_defaults_read_as_written() -> None:
+    rows = markdown_table(settings_of(Client)).splitlines()
+    assert "| `timeout_ms` | an integer in [1, 86400000] | `5000` | Deadline. |" in rows
+    assert "| `servers` | host:port | `a:1,b:2` | Servers. |" in rows
+
+
+def test_a_secret_is_never_shown() -> None:
+    assert "abc" not in repr(Client(key="abc"))
+    declared = settings_of(Client)["key"]
+    assert declared.got("abc") == ""
+    assert settings_of(Client)["timeout_ms"].got(0) == ", got 0"

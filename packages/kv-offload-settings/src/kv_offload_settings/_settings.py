@@ -9,6 +9,7 @@ written in one place. Another package exposes a setting under its own key with `
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import os
 import re
@@ -55,6 +56,8 @@ class Setting:
     name: str = ""
     store_name: str = ""
     env: str = ""
+    secret: bool = False
+    """Never shown: not in the dataclass's repr, nor in an error (a key, a password)."""
 
     def accepted(self) -> str:
         """The accepted form in words, e.g. `an integer in [1, 256]`."""
@@ -88,6 +91,10 @@ class Setting:
             return _number_text(self.default, self.kind)
         if isinstance(self.default, str):
             return self.default or '""'
+        if isinstance(self.default, enum.Enum):
+            return str(self.default.value)
+        if isinstance(self.default, tuple):
+            return ",".join(str(v) for v in self.default if v is not None) or "not set"
         return repr(self.default)
 
     def check(self, value: Any, key: str = "", error: type[ConfigError] = ConfigError) -> Any:
@@ -99,16 +106,22 @@ class Setting:
         checker = _CHECKS.get(self.kind)
         normal = value if checker is None else checker(self, value)
         if normal is _BAD:
-            raise error(f"{key} must be {self.accepted()}, got {value!r}{self._why(value)}")
+            raise error(f"{key} must be {self.accepted()}{self.got(value)}{self._why(value)}")
         return normal
+
+    def got(self, value: Any) -> str:
+        """`, got <value>` for an error message ("" for a secret setting)."""
+        return "" if self.secret else f", got {value!r}"
 
     def field(self) -> Any:
         """A dataclass field carrying this declaration."""
         metadata = {_SETTING: self}
         if isinstance(self.default, Mapping):
             default = dict(self.default)
-            return dataclasses.field(default_factory=lambda: dict(default), metadata=metadata)
-        return dataclasses.field(default=self.default, metadata=metadata)
+            return dataclasses.field(
+                default_factory=lambda: dict(default), metadata=metadata, repr=not self.secret
+            )
+        return dataclasses.field(default=self.default, metadata=metadata, repr=not self.secret)
 
     def _why(self, value: Any) -> str:
         if self.kind == "choice" and isinstance(value, str):
@@ -137,7 +150,9 @@ class Setting:
 def _number_text(number: float, kind: Kind) -> str:
     if kind != "number" and number >= 1 << 30 and int(number).bit_count() == 1:
         return f"2^{int(number).bit_length() - 1}"
-    return f"{number:g}" if kind != "number" or number >= 1e6 else str(float(number))
+    if kind != "number":
+        return str(int(number)) if float(number).is_integer() else f"{number:g}"
+    return f"{number:g}" if number >= 1e6 else str(float(number))
 
 
 def setting(kind: Kind, doc: str, default: Any = dataclasses.MISSING, **bounds: Any) -> Any:

@@ -17,21 +17,35 @@ accepted and ignored.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import kv_offload_settings
-from kv_offload_settings import read_config_file, unknown_keys_message
+from kv_offload_settings import (
+    Setting,
+    read_config_file,
+    setting,
+    settings_of,
+    unknown_keys_message,
+)
 
 from .auth import check_key, parse_key
 from .errors import ConfigError
 from .sockio import parse_address
 
-__all__ = ["Config", "ConfigSources", "RawSetting", "Transport", "env_name", "load_config"]
+__all__ = [
+    "SETTINGS",
+    "Config",
+    "ConfigSources",
+    "RawSetting",
+    "Transport",
+    "env_name",
+    "load_config",
+]
+MTUS = (256, 512, 1024, 2048, 4096)
 
 
 class Transport(enum.Enum):
@@ -43,81 +57,162 @@ class Transport(enum.Enum):
     RDMA_RC = "rdma-rc"
 
 
+_RDMA_PATH = "RoCE/IB path setting."
+
+
 @dataclass(frozen=True)
 class Config:
-    """Validated client settings (defaults mirror the vendor client's)."""
+    """Validated client settings (defaults mirror the vendor client's), each declared once
+    with its variable; `SETTINGS` is the README table's source."""
 
-    servers: tuple[str, ...] = ("127.0.0.1:9900",)
-    """`host:port` of every server; keys are spread over them by HRW hashing."""
-    rdma_devices: tuple[str, ...] = ("mlx5_0",)
-    """RDMA device names the client may use (`MEMKV_RDMA_DEVICES`, comma-separated)."""
-    bind_addresses: tuple[str | None, ...] = (None,)
-    """Local addresses to bind outgoing connections to (`None` = any)."""
-    cache_size_mb: int = 256
-    """Accepted for compatibility; this client keeps no local value cache."""
-    connect_timeout_ms: int = 5000
-    """Deadline for TCP connect plus the HELLO exchange."""
-    request_timeout_ms: int = 5000
-    """Default deadline of a whole call (plus 1 s per 16 MiB of values it moves); a call's
-    `timeout=` argument replaces it. A member that misses a deadline is skipped until a
-    background probe succeeds."""
-    probe_interval_ms: int = 500
-    """Longest wait between background probes of a member that is down (they start at
-    50 ms and double up to this)."""
-    gid_index: int = 0
-    traffic_class: int = 0
-    service_level: int = 0
-    pkey_index: int = 0
-    mtu: int = 4096
-    """RDMA path MTU: one of 256, 512, 1024, 2048, 4096."""
-    rdma_timeout_secs: int = 10
-    """Deadline for one RDMA completion."""
-    num_connections: int = 8
-    """Connections (and concurrent requests) per server."""
-    license: str | None = None
-    """Ignored: the open client has no licence check."""
-    auth_key: bytes | None = field(default=None, repr=False)
-    """32-byte shared HMAC key (64 hex digits, not all zero). `None`: on loopback, the
-    per-user key file (`MEMKV_AUTH_KEY_FILE`, default `~/.config/memkv/auth.key`)."""
-    transport: Transport = Transport.AUTO
-    max_batch_size: int = 64
-    """Items per request; larger batches are split and sent concurrently."""
-    max_request_mb: int = 64
-    """Value bytes per request; larger batches are split and sent concurrently."""
-    staging_size_mb: int = 256
-    """RDMA staging pool for unregistered buffers."""
-    staging_slot_mb: int = 16
+    servers: tuple[str, ...] = setting(
+        "any",
+        "Server addresses; keys are spread over them by HRW hashing.",
+        ("127.0.0.1:9900",),
+        accepts="distinct `host:port` addresses (a list, or comma-separated)",
+        env="MEMKV_SERVERS",
+    )
+    rdma_devices: tuple[str, ...] = setting(
+        "any",
+        "RDMA devices the client may open (the NIC candidates, see RDMA).",
+        ("mlx5_0",),
+        accepts="device names (a list, or comma-separated)",
+        env="MEMKV_RDMA_DEVICES",
+    )
+    bind_addresses: tuple[str | None, ...] = setting(
+        "any",
+        "Local source address per server (round robin); not set: any.",
+        (None,),
+        accepts="addresses (a list, or comma-separated; `none` for any)",
+        env="MEMKV_BIND_ADDRESSES",
+    )
+    cache_size_mb: int = setting(
+        "int",
+        "Accepted for compatibility; unused (this client keeps no local value cache).",
+        256,
+        minimum=0,
+        maximum=1 << 20,
+        env="MEMKV_CACHE_SIZE_MB",
+    )
+    connect_timeout_ms: int = setting(
+        "int",
+        "TCP connect + HELLO, and each background probe; never more than the call's budget.",
+        5000,
+        maximum=3_600_000,
+        env="MEMKV_CONNECT_TIMEOUT_MS",
+    )
+    request_timeout_ms: int = setting(
+        "int",
+        "Default budget of a whole call (plus 1 s per 16 MiB of values), when the call "
+        "passes no `timeout=`. A member that misses a deadline is skipped until a background "
+        "probe succeeds.",
+        5000,
+        maximum=86_400_000,
+        env="MEMKV_REQUEST_TIMEOUT_MS",
+    )
+    probe_interval_ms: int = setting(
+        "int",
+        "Longest pause between background probes of a server marked down (they start at "
+        "50 ms and double up to this).",
+        500,
+        minimum=10,
+        maximum=60_000,
+        env="MEMKV_PROBE_INTERVAL_MS",
+    )
+    gid_index: int = setting(
+        "int", _RDMA_PATH, 0, minimum=0, maximum=255, env="MEMKV_RDMA_GID_INDEX"
+    )
+    traffic_class: int = setting(
+        "int", _RDMA_PATH, 0, minimum=0, maximum=255, env="MEMKV_RDMA_TRAFFIC_CLASS"
+    )
+    service_level: int = setting(
+        "int", _RDMA_PATH, 0, minimum=0, maximum=15, env="MEMKV_RDMA_SERVICE_LEVEL"
+    )
+    pkey_index: int = setting(
+        "int", _RDMA_PATH, 0, minimum=0, maximum=65535, env="MEMKV_RDMA_PKEY_INDEX"
+    )
+    mtu: int = setting(
+        "any",
+        "RDMA path MTU.",
+        4096,
+        accepts=f"one of {list(MTUS)}",
+        env="MEMKV_MTU",
+    )
+    rdma_timeout_secs: int = setting(
+        "int", "Wait for one RDMA completion.", 10, maximum=3600, env="MEMKV_RDMA_TIMEOUT_SECS"
+    )
+    num_connections: int = setting(
+        "int",
+        "Connections (and concurrent requests) per server.",
+        8,
+        maximum=256,
+        env="MEMKV_NUM_CONNECTIONS",
+    )
+    license: str | None = setting(
+        "any",
+        "Accepted and ignored: the open client has no licence check.",
+        None,
+        accepts="any text",
+        optional=True,
+        env="MEMKV_LICENSE",
+    )
+    auth_key: bytes | None = setting(
+        "any",
+        "Shared HMAC key. Not set: loopback-only setups use the per-user key file "
+        "`MEMKV_AUTH_KEY_FILE` (default `~/.config/memkv/auth.key`, created random with mode "
+        "0600; shared with a server run by the same user).",
+        None,
+        accepts="64 hex digits, not all zero",
+        optional=True,
+        secret=True,
+        env="MEMKV_AUTH_KEY",
+    )
+    transport: Transport = setting(
+        "any",
+        "`auto` prefers RDMA and falls back to TCP; `rdma` / `rdma-rc` require RDMA.",
+        Transport.AUTO,
+        accepts=f"one of {[t.value for t in Transport]}",
+        env="MEMKV_TRANSPORT",
+    )
+    max_batch_size: int = setting(
+        "int",
+        "Items per request; larger batches are split and sent concurrently.",
+        64,
+        maximum=1024,
+        env="MEMKV_MAX_BATCH_SIZE",
+    )
+    max_request_mb: int = setting(
+        "int",
+        "Value MiB per request; larger batches are split and sent concurrently.",
+        64,
+        maximum=4096,
+        env="MEMKV_MAX_REQUEST_MB",
+    )
+    staging_size_mb: int = setting(
+        "int",
+        "RDMA staging pool for unregistered buffers.",
+        256,
+        maximum=1 << 20,
+        env="MEMKV_STAGING_SIZE_MB",
+    )
+    staging_slot_mb: int = setting(
+        "int",
+        "RDMA staging slot (the largest unregistered value moved in one piece).",
+        16,
+        maximum=4096,
+        env="MEMKV_STAGING_SLOT_MB",
+    )
 
 
-_ENV_NAMES: dict[str, str] = {
-    "traffic_class": "MEMKV_RDMA_TRAFFIC_CLASS",
-    "service_level": "MEMKV_RDMA_SERVICE_LEVEL",
-    "pkey_index": "MEMKV_RDMA_PKEY_INDEX",
-    "gid_index": "MEMKV_RDMA_GID_INDEX",
-}
-_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-_INT_RANGES: dict[str, tuple[int, int]] = {
-    "cache_size_mb": (0, 1 << 20),
-    "connect_timeout_ms": (1, 3_600_000),
-    "request_timeout_ms": (1, 86_400_000),
-    "probe_interval_ms": (10, 60_000),
-    "gid_index": (0, 255),
-    "traffic_class": (0, 255),
-    "service_level": (0, 15),
-    "pkey_index": (0, 65535),
-    "rdma_timeout_secs": (1, 3600),
-    "num_connections": (1, 256),
-    "max_batch_size": (1, 1024),
-    "max_request_mb": (1, 4096),
-    "staging_size_mb": (1, 1 << 20),
-    "staging_slot_mb": (1, 4096),
-}
-_MTUS = (256, 512, 1024, 2048, 4096)
+SETTINGS: dict[str, Setting] = settings_of(Config)
+"""Every client setting, declared once (the README's table)."""
 
 
 def env_name(name: str) -> str:
-    """The environment variable that sets `name`."""
-    return _ENV_NAMES.get(name, "MEMKV_" + name.upper())
+    """The environment variable that sets `name` (a client setting's declared one, else
+    `MEMKV_<NAME>`)."""
+    declared = SETTINGS.get(name)
+    return declared.env if declared is not None else "MEMKV_" + name.upper()
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -125,65 +220,77 @@ def _as_list(value: Any) -> list[Any]:
         return [p.strip() for p in value.split(",") if p.strip()]
     if isinstance(value, list | tuple):
         return list(value)
-    raise ValueError(f"expected a list or a comma-separated string, got {type(value).__name__}")
+    raise ValueError(f"a list or a comma-separated string, not a {type(value).__name__}")
 
 
-def _as_int(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError("expected an integer, got a boolean")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
-    raise ValueError(f"expected an integer, got {value!r}")
+def _servers(value: Any) -> tuple[str, ...]:
+    servers = [str(s) for s in _as_list(value)]
+    if not servers:
+        raise ValueError("at least one server is required")
+    for s in servers:
+        parse_address(s)
+    if len(set(servers)) != len(servers):
+        raise ValueError("duplicate server addresses")
+    return tuple(servers)
 
 
-def _convert(name: str, value: Any) -> Any:
-    if name == "servers":
-        servers = [str(s) for s in _as_list(value)]
-        if not servers:
-            raise ValueError("at least one server is required")
-        for s in servers:
-            parse_address(s)
-        if len(set(servers)) != len(servers):
-            raise ValueError("duplicate server addresses")
-        return tuple(servers)
-    if name == "rdma_devices":
-        return tuple(str(d) for d in _as_list(value))
-    if name == "bind_addresses":
-        out = [None if a in (None, "", "none", "None") else str(a) for a in _as_list(value)]
-        return tuple(out) or (None,)
-    if name == "transport":
-        try:
-            return Transport(str(value).strip().lower())
-        except ValueError:
-            choices = ", ".join(t.value for t in Transport)
-            raise ValueError(f"{value!r} is not one of {choices}") from None
-    if name == "auth_key":
-        if value is None:
-            return None
-        if isinstance(value, bytes):
-            return check_key(value)
-        return parse_key(str(value))
-    if name == "license":
-        return None if value is None else str(value)
-    if name == "mtu":
-        mtu = _as_int(value)
-        if mtu not in _MTUS:
-            raise ValueError(f"{mtu} is not one of {', '.join(map(str, _MTUS))}")
-        return mtu
-    lo, hi = _INT_RANGES[name]
-    n = _as_int(value)
-    if not lo <= n <= hi:
-        raise ValueError(f"{n} is out of range {lo}..{hi}")
-    return n
+def _bind_addresses(value: Any) -> tuple[str | None, ...]:
+    out = [None if a in (None, "", "none", "None") else str(a) for a in _as_list(value)]
+    return tuple(out) or (None,)
+
+
+def _auth_key(value: Any) -> bytes | None:
+    if isinstance(value, bytes):
+        return check_key(value)
+    return parse_key(str(value))
+
+
+def _mtu(value: Any) -> int:
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) not in MTUS:
+        raise ValueError("")
+    return int(text)
+
+
+def _transport(value: Any) -> Transport:
+    try:
+        return Transport(str(value).strip().lower())
+    except ValueError:
+        raise ValueError("") from None
+
+
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "servers": _servers,
+    "rdma_devices": lambda value: tuple(str(d) for d in _as_list(value)),
+    "bind_addresses": _bind_addresses,
+    "transport": _transport,
+    "auth_key": _auth_key,
+    "license": str,
+    "mtu": _mtu,
+}
+"""Settings of kind `any`: value -> normalised, or ValueError with the reason (or "")."""
+
+
+def _checked(name: str, raw: Any, key: str, where: str) -> Any:
+    """`raw` normalised; ConfigError `<where>: <key> must be <accepted>, got <raw>`."""
+    declared = SETTINGS[name]
+    convert = _CONVERT.get(name)
+    try:
+        value = declared.check(raw, key)
+        return value if convert is None or value is None else convert(value)
+    except kv_offload_settings.ConfigError as exc:
+        raise ConfigError(where, str(exc)) from None
+    except ValueError as exc:
+        reason = f" ({exc})" if str(exc) else ""
+        got = declared.got(raw)
+        raise ConfigError(where, f"{key} must be {declared.accepted()}{got}{reason}") from None
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
     try:
         return read_config_file(path)
     except kv_offload_settings.ConfigError as exc:
-        raise ConfigError("MEMKV_CONFIG", str(exc)) from None
+        raise ConfigError(f"MEMKV_CONFIG {path}", str(exc).removeprefix(f"{path}: ")) from None
 
 
 @dataclass(frozen=True)
@@ -226,10 +333,10 @@ class ConfigSources:
         env = os.environ if env is None else env
         path = env.get("MEMKV_CONFIG", "")
         values = _read_yaml(path) if path else {}
-        known = set(_FIELDS) | set(plugin_keys)
+        known = set(SETTINGS) | set(plugin_keys)
         unknown = sorted(k for k in values if k not in known)
         if unknown:
-            raise ConfigError("MEMKV_CONFIG", f"{path}: {unknown_keys_message(unknown, known)}")
+            raise ConfigError(f"MEMKV_CONFIG {path}", unknown_keys_message(unknown, known))
         return cls(env, path, values)
 
     def lookup(self, name: str) -> RawSetting | None:
@@ -244,22 +351,15 @@ class ConfigSources:
     def client_config(self, **overrides: Any) -> Config:
         """The client's validated `Config`; `overrides` (setting names) win over both
         sources, and a `None` override counts as not given."""
-        unknown = sorted(k for k in overrides if k not in _FIELDS)
+        unknown = sorted(k for k in overrides if k not in SETTINGS)
         if unknown:
-            raise ConfigError("Client(...)", unknown_keys_message(unknown, _FIELDS))
+            raise ConfigError("Client(...)", unknown_keys_message(unknown, SETTINGS))
         values: dict[str, Any] = {}
-        for name in _FIELDS:
+        for name in SETTINGS:
             if overrides.get(name) is not None:
-                raw, source = overrides[name], f"Client({name}=...)"
+                values[name] = _checked(name, overrides[name], name, "Client(...)")
             elif (found := self.lookup(name)) is not None:
-                raw = found.value
-                source = f"{name} in MEMKV_CONFIG {self.path!r}" if found.in_file else found.key
-            else:
-                continue
-            try:
-                values[name] = _convert(name, raw)
-            except ValueError as exc:
-                raise ConfigError(source, str(exc)) from None
+                values[name] = _checked(name, found.value, found.key, found.where)
         return Config(**values)
 
 
