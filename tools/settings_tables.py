@@ -58,6 +58,13 @@ def _memkv_client() -> str:
     return markdown_table(SETTINGS)
 
 
+def _memkv_client_environment() -> str:
+    from kv_offload_settings import markdown_table
+    from memkv_client.environment import ENVIRONMENT
+
+    return markdown_table(ENVIRONMENT, header="Variable")
+
+
 MEMKV_VLLM_README = ROOT / "packages/memkv-vllm/README.md"
 TABLES: dict[str, tuple[Path, Callable[[], str]]] = {
     "kvpool-mmap": (ROOT / "packages/kvpool-mmap/README.md", _kvpool_mmap),
@@ -66,6 +73,10 @@ TABLES: dict[str, tuple[Path, Callable[[], str]]] = {
         _vllm_marconi_offload,
     ),
     "memkv-client": (ROOT / "packages/memkv-client/README.md", _memkv_client),
+    "memkv-client-environment": (
+        ROOT / "packages/memkv-client/README.md",
+        _memkv_client_environment,
+    ),
     "memkv-vllm-tier": (MEMKV_VLLM_README, _memkv_vllm("memkv-vllm-tier")),
     "memkv-vllm-direct": (MEMKV_VLLM_README, _memkv_vllm("memkv-vllm-direct")),
     "memkv-vllm-store": (MEMKV_VLLM_README, _memkv_vllm_store),

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import blake3
 
+from .environment import KEY_FILE_ENV
 from .protocol import MAC_SIZE, Status
 
 __all__ = [
@@ -68,8 +69,8 @@ def parse_key(text: str) -> bytes:
 def user_key_path(env: Mapping[str, str] | None = None) -> Path:
     """`MEMKV_AUTH_KEY_FILE`, else `$XDG_CONFIG_HOME/memkv/auth.key` (`~/.config`)."""
     env = os.environ if env is None else env
-    if env.get("MEMKV_AUTH_KEY_FILE"):
-        return Path(env["MEMKV_AUTH_KEY_FILE"])
+    if env.get(KEY_FILE_ENV):
+        return Path(env[KEY_FILE_ENV])
     base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     return Path(base) / "memkv" / "auth.key"
 

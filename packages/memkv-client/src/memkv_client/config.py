@@ -33,6 +33,7 @@ from kv_offload_settings import (
 )
 
 from .auth import check_key, parse_key
+from .environment import CONFIG_ENV
 from .errors import ConfigError
 from .sockio import parse_address
 
@@ -331,7 +332,7 @@ class ConfigSources:
         variables are left alone (other programs may own them).
         """
         env = os.environ if env is None else env
-        path = env.get("MEMKV_CONFIG", "")
+        path = env.get(CONFIG_ENV, "")
         values = _read_yaml(path) if path else {}
         known = set(SETTINGS) | set(plugin_keys)
         unknown = sorted(k for k in values if k not in known)

@@ -254,8 +254,6 @@ class OffloadConfig:
             logger.warning("kv_connector_extra_config: %s is ignored: %s", key, reason)
 
 
-CONFIG_FILE_ENV = "MARCONI_OFFLOAD_CONFIG"
-"""Names a YAML file of connector settings when `config_file` is not set."""
 _CONFIG_FILE = Setting(
     "text",
     f"A YAML file of these keys (inline keys win); not set: the file `{CONFIG_FILE_ENV}` "
