@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import kv_offload_settings
 import pytest
 from memkv_server import MemKVServer
 from memkv_vllm import register
@@ -80,6 +81,26 @@ def test_a_misspelt_store_key_gets_did_you_mean_in_both_modes() -> None:
         ConfigError, match=r"\['memkv_stall_budget'\] \(did you mean 'memkv_stall_budget_s'"
     ):
         DirectConfig.from_extra_config({"memkv_stall_budget": 1})
+
+
+def test_every_error_about_a_value_in_memkv_config_names_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "memkv.yaml"
+    env = {"MEMKV_CONFIG": str(config)}
+    config.write_text("stall_budget_s: soon\n")
+    with pytest.raises(ConfigError, match=rf"^memkv-vllm: MEMKV_CONFIG {config}: stall_budget_s "):
+        StoreConfig.resolve({}, "secondary_tiers[memkv]", env=env)
+    config.write_text("stall_budget: 1\n")
+    with pytest.raises(
+        kv_offload_settings.ConfigError,
+        match=rf"^MEMKV_CONFIG {config}: unknown key\(s\) \['stall_budget'\] \(did you mean "
+        "'stall_budget_s'",
+    ):
+        StoreConfig.resolve({}, "secondary_tiers[memkv]", env=env)
+    config.write_text("servers: [127.0.0.1:9900]\nnum_connections: 0\n")
+    with pytest.raises(
+        kv_offload_settings.ConfigError, match=rf"^MEMKV_CONFIG {config}: num_connections must be "
+    ):
+        StoreConfig.resolve({}, "secondary_tiers[memkv]", env=env).sources.client_config()
 
 
 class _Mapper:
