@@ -7,7 +7,6 @@ every process. Importing this package does not import vLLM.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 
@@ -34,22 +33,15 @@ def register() -> None:
     if allowed is not None and ENTRY_POINT not in [p.strip() for p in allowed.split(",")]:
         log.debug("memkv-vllm: not registering (VLLM_PLUGINS=%r)", allowed)
         return
-    import vllm
-    from vllm_kv_identity import unsupported_vllm
-
-    unsupported = unsupported_vllm("memkv-vllm", SUPPORTED_VLLM, str(vllm.__version__))
-    if unsupported:
-        log.warning(unsupported)
     try:
-        from vllm.v1.kv_offload.tiering.factory import (  # type: ignore[import-not-found]
-            SecondaryTierFactory,
-        )
-    except ImportError as exc:
+        from . import _compat as c
+    except ImportError as exc:  # a vLLM older than SUPPORTED_VLLM: no offloading tiers
         log.warning("memkv-vllm: this vLLM has no offloading tiers (%s); tier not registered", exc)
         return
-    # ValueError: already registered in this process (e.g. by an earlier import path)
-    with contextlib.suppress(ValueError):
-        SecondaryTierFactory.register_tier(TIER_TYPE, "memkv_vllm.tier", "MemKVTierManager")
+    unsupported = c.unsupported_version()
+    if unsupported:
+        log.warning(unsupported)
+    c.register_tier(TIER_TYPE, "memkv_vllm.tier", "MemKVTierManager")
     from .early_check import install
 
     install(TIER_TYPE)  # bad settings: one line where the program builds vLLM's config

@@ -22,23 +22,27 @@ time of `memkv_vllm` itself.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
 import os
-from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from vllm.v1.kv_offload import base as _base  # type: ignore[import-not-found]
 from vllm.v1.kv_offload.tiering import base as _tier_base  # type: ignore[import-not-found]
-from vllm_kv_identity import restart_hash_problem
+from vllm_kv_identity import restart_hash_problem, unsupported_vllm
+
+from ._version import SUPPORTED_VLLM
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
         OffloadingConnectorStats,
     )
+    from vllm.v1.kv_offload.config import OffloadingConfig
     from vllm.v1.kv_offload.file_mapper import FileMapper
     from vllm.v1.outputs import KVConnectorOutput
 
@@ -56,16 +60,28 @@ __all__ = [
     "init_tier_base",
     "invalid_block_ids",
     "job_slots",
+    "keep_request_state",
+    "kv_cache_layout",
     "load_failure_policy",
+    "loads_from_remote_storage",
     "make_file_mapper",
     "make_job_result",
     "make_transfer_result",
     "new_stats",
     "offloading_connector_cls",
+    "prefill_context_parallel_size",
+    "register_tier",
+    "request_id",
+    "request_state",
+    "request_transfer_params",
+    "set_remote_locality",
     "shared_storage_event",
+    "unsupported_version",
     "vllm_version",
     "warn_if_hashes_differ_per_process",
 ]
+
+T = TypeVar("T")
 
 LookupResult = _base.LookupResult
 OffloadKey = _base.OffloadKey
@@ -113,6 +129,29 @@ def vllm_version() -> str:
     import vllm  # type: ignore[import-not-found]
 
     return str(getattr(vllm, "__version__", "unknown"))
+
+
+def unsupported_version() -> str | None:
+    """A warning if the running vLLM is outside `SUPPORTED_VLLM`, else None."""
+    return unsupported_vllm("memkv-vllm", SUPPORTED_VLLM, vllm_version())
+
+
+def register_tier(tier_type: str, module_path: str, class_name: str) -> None:
+    """Register a `secondary_tiers` type with vLLM's `SecondaryTierFactory` (a type this
+    process registered already is kept)."""
+    from vllm.v1.kv_offload.tiering.factory import (  # type: ignore[import-not-found]
+        SecondaryTierFactory,
+    )
+
+    with contextlib.suppress(ValueError):
+        SecondaryTierFactory.register_tier(tier_type, module_path, class_name)
+
+
+def set_remote_locality(tier: _tier_base.SecondaryTierManager, given: Any) -> None:
+    """A tier entry that names no `locality` (`given` None) is REMOTE, where the release
+    has localities."""
+    if given is None and LOCALITY_REMOTE is not None:
+        tier.locality = LOCALITY_REMOTE
 
 
 def init_tier_base(
@@ -195,6 +234,47 @@ def load_failure_policy(vllm_config: VllmConfig) -> str:
     """`kv_transfer_config.kv_load_failure_policy` (`"fail"` where a release lacks it)."""
     transfer = getattr(vllm_config, "kv_transfer_config", None)
     return str(getattr(transfer, "kv_load_failure_policy", None) or "fail")
+
+
+def kv_cache_layout(config: OffloadingConfig) -> str:
+    """The KV cache layout the offloading config names (`"None"` where it names none)."""
+    return str(getattr(config, "kv_cache_layout", None))
+
+
+def prefill_context_parallel_size(parallel: Any) -> int:
+    """`pcp_size` of the offloading config's parallel settings (1 where the release has no
+    prefill context parallelism)."""
+    return int(getattr(parallel, "pcp_size", 1))
+
+
+def request_state(req_context: _base.RequestOffloadingContext, kind: type[T]) -> T | None:
+    """The `kind` state kept on the request's context (0.27.1+), None if none is kept."""
+    get_state = getattr(req_context, "get_state", None)
+    state: T | None = get_state(kind) if get_state is not None else None
+    return state
+
+
+def keep_request_state(req_context: _base.RequestOffloadingContext, state: Any) -> None:
+    """Keep `state` on the request's context (0.27.1+; before, nothing is kept)."""
+    set_state = getattr(req_context, "set_state", None)
+    if set_state is not None:
+        set_state(state)
+
+
+def request_transfer_params(req_context: _base.RequestOffloadingContext) -> Mapping[str, Any]:
+    """The request's `kv_transfer_params` ({} if none)."""
+    params: Mapping[str, Any] = getattr(req_context, "kv_transfer_params", None) or {}
+    return params
+
+
+def request_id(req_context: _base.RequestOffloadingContext) -> str:
+    return str(getattr(req_context, "req_id", "?"))
+
+
+def loads_from_remote_storage(req_context: _base.RequestOffloadingContext) -> bool:
+    """Whether the request's `kv_load_tiers` (0.27.1+) let it load from a remote store."""
+    tiers = getattr(req_context, "load_tier_filter", None)
+    return tiers is None or bool(tiers.allows(MEDIUM_STORAGE, LOCALITY_REMOTE))
 
 
 def invalid_block_ids(connector_output: KVConnectorOutput) -> set[int]:

@@ -35,7 +35,7 @@ class MemKVOffloadingConnector(c.offloading_connector_cls()):  # type: ignore[mi
         with attached(self._memkv_load_errors):  # the spec's manager is built in here
             super().__init__(vllm_config, role, *args, **kwargs)
         policy = c.load_failure_policy(vllm_config)
-        if getattr(role, "name", "") == "SCHEDULER" and policy != "recompute":
+        if role.name == "SCHEDULER" and policy != "recompute":
             log.warning(
                 "memkv-vllm: kv_load_failure_policy=%r: a block that vanishes from MemKV "
                 'between lookup and load fails its request; set "kv_load_failure_policy": '

@@ -146,7 +146,7 @@ class MemKVDirectWorker(c.OffloadingWorker):  # type: ignore[misc]
                 [list(t.tensor.shape[1:]), int(t.page_size_bytes)] for t in kv_caches.tensors
             ],
             "groups": self._groups,
-            "kv_cache_layout": str(getattr(config, "kv_cache_layout", None)),
+            "kv_cache_layout": c.kv_cache_layout(config),
         }
         record = prefix_record(ident, weights_fingerprint(config.model.name), cfg.memkv_spec_prefix)
         self.prefix, _ = split_prefix_record(record)

@@ -75,8 +75,8 @@ def check_vllm_config(vllm_config: Any, tier_type: str = "memkv") -> None:
     """Raise `ConfigError` (or memkv-client's, for its own settings) for a bad memkv-vllm
     setting, `CpuOnlyTierError` for the tier on a CPU-only vLLM; nothing if memkv-vllm is
     not configured."""
-    transfer = getattr(vllm_config, "kv_transfer_config", None)
-    extra = getattr(transfer, "kv_connector_extra_config", None) or {}
+    transfer = vllm_config.kv_transfer_config
+    extra = (transfer.kv_connector_extra_config if transfer is not None else None) or {}
     tiers = [mode for mode, _ in configured_stores(extra, tier_type) if mode == "tier"]
     spec = (extra.get("spec_name"), extra.get("spec_module_path"))
     if tiers and spec == (VLLM_TIERING_SPEC, None) and cpu_only_platform():

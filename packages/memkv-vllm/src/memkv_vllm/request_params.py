@@ -14,7 +14,6 @@ not read must not leave its prompt behind.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from vllm_kv_identity.vocabulary import (
     OFFLOAD_PRIORITIES,
@@ -36,27 +35,22 @@ class _Stores:
         self.allowed = allowed
 
 
-def stores_to_shared_store(req_context: Any) -> bool:
+def stores_to_shared_store(req_context: c.RequestOffloadingContext) -> bool:
     """Whether the request lets its blocks be written to the shared store."""
-    get_state = getattr(req_context, "get_state", None)
-    cached = get_state(_Stores) if get_state is not None else None
+    cached = c.request_state(req_context, _Stores)
     if cached is not None:
-        return bool(cached.allowed)
-    params = getattr(req_context, "kv_transfer_params", None) or {}
-    value = params.get(OFFLOAD_PRIORITY, "normal")
+        return cached.allowed
+    value = c.request_transfer_params(req_context).get(OFFLOAD_PRIORITY, "normal")
     allowed = value in ("normal", "high")
     if value not in OFFLOAD_PRIORITIES:
         log.warning(
             "memkv-vllm: request %s: %s: its blocks are not stored",
-            getattr(req_context, "req_id", "?"), offload_priority_error(value),
+            c.request_id(req_context), offload_priority_error(value),
         )  # fmt: skip
-    set_state = getattr(req_context, "set_state", None)
-    if set_state is not None:
-        set_state(_Stores(allowed))
+    c.keep_request_state(req_context, _Stores(allowed))
     return allowed
 
 
-def loads_from_shared_store(req_context: Any) -> bool:
+def loads_from_shared_store(req_context: c.RequestOffloadingContext) -> bool:
     """Whether the request's `kv_load_tiers` let it load from the shared store."""
-    tiers = getattr(req_context, "load_tier_filter", None)
-    return tiers is None or bool(tiers.allows(c.MEDIUM_STORAGE, c.LOCALITY_REMOTE))
+    return c.loads_from_remote_storage(req_context)

@@ -43,7 +43,7 @@ class MemKVOffloadingSpec(c.OffloadingSpec):  # type: ignore[misc]
                 "memkv-vllm: MemKVOffloadingSpec supports tensor parallelism only; "
                 f"pipeline_parallel_size={parallel.pp_size} is not supported (use 1)"
             )
-        if getattr(parallel, "pcp_size", 1) != 1:
+        if c.prefill_context_parallel_size(parallel) != 1:
             raise RuntimeError(
                 "memkv-vllm: MemKVOffloadingSpec supports tensor parallelism only; "
                 f"prefill_context_parallel_size={parallel.pcp_size} is not supported (use 1)"

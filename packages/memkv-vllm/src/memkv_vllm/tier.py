@@ -93,8 +93,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
         store_config = StoreConfig.resolve(
             {k: v for k, v in tier_config.items() if k in store_keys("")}, "secondary_tiers[memkv]"
         )
-        if tier_config.get("locality") is None and c.LOCALITY_REMOTE is not None:
-            self.locality = c.LOCALITY_REMOTE
+        c.set_remote_locality(self, tier_config.get("locality"))
         self._rows = np.asarray(primary_kv_view)  # zero-copy: the mmap'd CPU pool
         assert self._rows.ndim == 2, self._rows.shape
         self._row_bytes = int(self._rows.strides[0])

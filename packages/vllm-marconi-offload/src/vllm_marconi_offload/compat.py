@@ -6,9 +6,10 @@ supported range is checked once at start.
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from vllm_kv_identity import unsupported_vllm
 
@@ -16,9 +17,12 @@ from ._version import SUPPORTED_VLLM
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
 
 
 def vllm_version() -> str:
@@ -80,6 +84,18 @@ def attention_waits_per_layer(forward_context: ForwardContext) -> bool:
     return mode is not None and getattr(mode, "name", "FULL") != "FULL"
 
 
+def worker_meta(connector_output: KVConnectorOutput) -> Any:
+    """What the workers reported with this step's output (`kv_connector_worker_meta`),
+    None where the release does not carry it."""
+    return getattr(connector_output, "kv_connector_worker_meta", None)
+
+
+def transfer_params(request: Request) -> dict[str, Any] | None:
+    """The request's `kv_transfer_params` (None: not given)."""
+    params: dict[str, Any] | None = getattr(request, "kv_transfer_params", None)
+    return params
+
+
 def tensor_parallel_rank() -> int:
     """This worker's tensor-parallel rank."""
     from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
@@ -100,3 +116,56 @@ def rank_zero_choice(choice: str) -> str:
 
 def pythonhashseed() -> str | None:
     return os.environ.get("PYTHONHASHSEED")
+
+
+# --- KV events (`kv_events.py` builds them) ----------------------------------------------
+
+
+def disk_medium() -> str:
+    """vLLM's event medium for local disk: `STORAGE` (0.27.1+), `FS` (0.26, as its own
+    file tier)."""
+    from vllm.distributed import kv_events
+
+    return str(getattr(kv_events, "MEDIUM_STORAGE", None) or kv_events.MEDIUM_FS)
+
+
+def events_enabled(vllm_config: VllmConfig) -> bool:
+    """Whether this engine publishes KV events (`--kv-events-config`)."""
+    config = getattr(vllm_config, "kv_events_config", None)
+    return bool(config is not None and config.enable_kv_cache_events)
+
+
+@functools.cache
+def _event_fields(kind: str) -> frozenset[str]:
+    from vllm.distributed import kv_events
+
+    return frozenset(getattr(kv_events, kind).__struct_fields__)
+
+
+def stored_event(fields: Mapping[str, Any]) -> BlockStored:
+    """vLLM's `BlockStored` with those of `fields` this release declares (0.27.1 adds
+    `group_idx`, `kv_cache_spec_kind` and `locality`; 0.29 `ownership`; 0.32
+    `session_id`)."""
+    from vllm.distributed.kv_events import BlockStored
+
+    declared = _event_fields("BlockStored")
+    return BlockStored(**{k: v for k, v in fields.items() if k in declared})
+
+
+def removed_event(fields: Mapping[str, Any]) -> BlockRemoved:
+    """vLLM's `BlockRemoved` with those of `fields` this release declares."""
+    from vllm.distributed.kv_events import BlockRemoved
+
+    declared = _event_fields("BlockRemoved")
+    return BlockRemoved(**{k: v for k, v in fields.items() if k in declared})
+
+
+def event_extra_keys(extra: list[Any]) -> Any:
+    """A run of blocks' extra keys as vLLM's store events publish them: untagged (0.32+,
+    where they are tagged in the hash), else as they are (None if every block has none)."""
+    from vllm.v1.core import kv_cache_utils
+
+    untag = getattr(kv_cache_utils, "to_event_extra_keys", None)
+    if untag is not None:
+        return untag(extra)
+    return extra if any(e is not None for e in extra) else None

@@ -54,7 +54,7 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
         self._events: kv_events.EventBuilder | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = spec.scheduler()
-            if kv_events.events_enabled(vllm_config):
+            if compat.events_enabled(vllm_config):
                 self._events = kv_events.EventBuilder(spec.block_size, kv_cache_config)
                 describe = partial(kv_events.describe_block, block_size=spec.block_size)
                 self._scheduler.publish_events(TierEvents(describe))
@@ -128,7 +128,7 @@ class MarconiOffloadConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         assert self._scheduler is not None
-        report = getattr(connector_output, "kv_connector_worker_meta", None)
+        report = compat.worker_meta(connector_output)
         self._scheduler.on_worker_output(connector_output.finished_recving, report)
 
     def request_finished(

@@ -1,4 +1,4 @@
-"""vLLM's KV events for our tiers: the one place that knows vLLM's event API and its versions.
+"""vLLM's KV events for our tiers (what differs between releases: `.compat`).
 
 L1 is published as medium `CPU`, L2 as `STORAGE` (`FS` on 0.26, vLLM's name there), both
 with locality `LOCAL` where the running vLLM's events have that field. Blocks are named
@@ -7,9 +7,8 @@ by vLLM's own block hashes (converted as its GPU events are, see
 parent hash, token ids, block size, extra keys and the group's spec kind, as vLLM's GPU
 events do. Consecutive blocks of one chain become one event.
 
-Fields are passed only where the running vLLM's event classes declare them (0.27.1 has
-`group_idx`, `kv_cache_spec_kind` and `locality`; 0.29 adds `ownership`, 0.32
-`session_id`, which we leave unset).
+Fields are passed only where the running vLLM's event classes declare them
+(`compat.stored_event`; `session_id`, 0.32+, we leave unset).
 """
 
 from __future__ import annotations
@@ -20,34 +19,21 @@ from typing import TYPE_CHECKING, Any
 
 from kvpool_mmap import Tier
 from vllm.distributed import kv_events as vllm_kv_events
-from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_events import AllBlocksCleared, KVCacheEvent
 from vllm.v1.core import kv_cache_utils
 from vllm_kv_identity import key_group
 
+from . import compat
 from .block_info import BlockInfo
 from .events import Change, block_hash
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-MEDIUM_DISK: str = getattr(vllm_kv_events, "MEDIUM_STORAGE", None) or vllm_kv_events.MEDIUM_FS
-"""vLLM's name for local disk: `STORAGE` (0.27.1+), `FS` (0.26, as its own file tier)."""
-MEDIUMS = {Tier.L1: vllm_kv_events.MEDIUM_CPU, Tier.L2: MEDIUM_DISK}
+MEDIUMS = {Tier.L1: vllm_kv_events.MEDIUM_CPU, Tier.L2: compat.disk_medium()}
 """Our tiers as vLLM's media: L1 (host memory) is CPU, L2 (local disk) is STORAGE (FS)."""
 LOCAL = "LOCAL"
-
-_STORED_FIELDS = frozenset(BlockStored.__struct_fields__)
-_REMOVED_FIELDS = frozenset(BlockRemoved.__struct_fields__)
-_to_event_extra_keys = getattr(kv_cache_utils, "to_event_extra_keys", None)
-"""0.32+: extra keys are tagged in the hash and published untagged; before, as they are."""
-
-
-def events_enabled(vllm_config: VllmConfig) -> bool:
-    """Whether this engine publishes KV events (`--kv-events-config`)."""
-    config = getattr(vllm_config, "kv_events_config", None)
-    return bool(config is not None and config.enable_kv_cache_events)
 
 
 def describe_block(request: Request, index: int, block_size: int) -> BlockInfo:
@@ -102,7 +88,7 @@ class EventBuilder:
             "locality": self._locality,
         }
         if not first.loadable:
-            return BlockRemoved(**_only(common, _REMOVED_FIELDS))
+            return compat.removed_event(common)
         info = first.info
         kind, window = self._specs.get(group, (None, None))
         fields: dict[str, Any] = {
@@ -113,7 +99,7 @@ class EventBuilder:
         if info is None:  # a block known by hash only (L2 after a crash): vLLM's placeholder
             fields.update(parent_block_hash=None, token_ids=[], block_size=0)
             fields.update(lora_id=None, lora_name=None)
-            return BlockStored(**_only(fields, _STORED_FIELDS))
+            return compat.stored_event(fields)
         infos = [c.info for c in run if c.info is not None]
         extra = [i.extra_keys for i in infos]
         fields.update(
@@ -122,13 +108,9 @@ class EventBuilder:
             block_size=self._block_size,
             lora_id=info.lora_id,
             lora_name=info.lora_name,
-            extra_keys=(
-                _to_event_extra_keys(extra)
-                if _to_event_extra_keys is not None
-                else (extra if any(e is not None for e in extra) else None)
-            ),
+            extra_keys=compat.event_extra_keys(extra),
         )
-        return BlockStored(**_only(fields, _STORED_FIELDS))
+        return compat.stored_event(fields)
 
 
 def _continues(last: Change, change: Change) -> bool:
@@ -150,11 +132,6 @@ def _continues(last: Change, change: Change) -> bool:
 def _external(block_hash: bytes) -> Any:
     """A block hash as vLLM's events publish it (bytes, or an int: see the module doc)."""
     return kv_cache_utils.maybe_convert_block_hash(block_hash)  # type: ignore[arg-type]
-
-
-def _only(fields: dict[str, Any], accepted: frozenset[str]) -> dict[str, Any]:
-    """The fields the running vLLM's event class declares."""
-    return {name: value for name, value in fields.items() if name in accepted}
 
 
 def _group_specs(kv_cache_config: KVCacheConfig) -> dict[int, tuple[str | None, int | None]]:

@@ -178,7 +178,7 @@ class OffloadScheduler:
     def _state(self, request: Request) -> _RequestState:
         state = self._requests.get(request.request_id)
         if state is None:
-            params = RequestParams.from_request(getattr(request, "kv_transfer_params", None))
+            params = RequestParams.from_request(compat.transfer_params(request))
             if params.error is not None:
                 logger.warning(
                     "request %s served without offload: %s", request.request_id, params.error
