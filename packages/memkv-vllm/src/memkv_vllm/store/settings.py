@@ -51,10 +51,9 @@ class StoreConfig:
 
     backend: str = setting(
         "text",
-        "The store: `memkv` (`memkv serve` nodes), `mooncake` (Mooncake Store), or another "
-        "backend's class.",
+        "The store backend (see *Store backends*), or another backend's class.",
         "memkv",
-        accepts="memkv, mooncake, or a backend's class as package.module:Class",
+        accepts="a registered backend or a package.module:Class",
     )
     stall_budget_s: float = setting(
         "number",
@@ -159,8 +158,10 @@ def _settings_class(backend: Any) -> type | None:
 
 def store_settings() -> dict[str, Setting]:
     """Every store key, the shared ones then each registered backend's, each with the
-    environment variable that sets it (the README's table)."""
-    declared = dict(_SHARED)
+    environment variable that sets it (the README's table; `backend` lists the registered
+    names)."""
+    accepts = f"one of {backend_names()} or a backend's class as package.module:Class"
+    declared = {**_SHARED, "backend": dataclasses.replace(_SHARED["backend"], accepts=accepts)}
     for name in backend_names():
         own = _settings_class(backend_class(name))
         declared.update(settings_of(own) if own else {})
