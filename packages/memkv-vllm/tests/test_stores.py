@@ -254,7 +254,7 @@ def test_store_config_chain_and_errors(tmp_path: Path) -> None:
 
     tier = "memkv-vllm: secondary_tiers[memkv]: "
     bad = [
-        ({"backend": "mooncak"}, tier + "backend must be one of ['memkv', 'mooncake'] or a "
+        ({"backend": "mooncak"}, tier + f"backend must be one of {backend_names()} or a "
          "package.module:Class, got 'mooncak' (did you mean 'mooncake'?)"),
         ({"mooncake_master": "master"}, tier + "mooncake_master must be host:port of "
          "mooncake_master's RPC service (e.g. 10.0.0.5:50051), got 'master'"),
