@@ -29,13 +29,9 @@ EVICTION_ALIASES = {"eviction_decay": "decay", "eviction_reuse_mode": "reuse_mod
 _STORE = store_settings()
 CONFIG_FILE_ENV = "MARCONI_OFFLOAD_CONFIG"
 """Names a YAML file of connector settings when `config_file` is not set."""
-ENVIRONMENT = {
-    "copy_path": ("VLLM_MARCONI_OFFLOAD_COPY", ""),
-    "staging_bytes": ("VLLM_MARCONI_OFFLOAD_STAGING_MIB", "MiB"),
-    "pcie_programs_per_sm": ("VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM", ""),
-}
-"""Keys also read from an environment variable (name, unit of a bare number), where
-neither `kv_connector_extra_config` nor the config file sets them."""
+ENV_UNITS = {"staging_bytes": "MiB"}
+"""The unit of a bare number in a setting's environment variable (`Setting.env`, read
+where neither `kv_connector_extra_config` nor the config file sets the key)."""
 
 
 class ConfigError(kv_offload_settings.ConfigError):
@@ -112,25 +108,26 @@ class OffloadConfig:
     copy_path: str = setting(
         "choice",
         "How a CUDA worker moves blocks (see GPU data path below); `generic` is what CPU "
-        "vLLM and a non-page-lockable L1 use. Also read from `VLLM_MARCONI_OFFLOAD_COPY`.",
+        "vLLM and a non-page-lockable L1 use.",
         "async",
         choices=COPY_PATHS,
+        env="VLLM_MARCONI_OFFLOAD_COPY",
     )
     staging_bytes: int | None = setting(
         "bytes",
         "GPU memory for the staging buffers of the chunked DMA (loads take up to 512 MiB, "
         "stores the rest; not set: 2.5 GiB), allocated outside vLLM's KV budget: leave room "
-        "for it in `--gpu-memory-utilization`. Also read from "
-        "`VLLM_MARCONI_OFFLOAD_STAGING_MIB` (MiB).",
+        "for it in `--gpu-memory-utilization`. Its variable counts MiB.",
         None,
         optional=True,
+        env="VLLM_MARCONI_OFFLOAD_STAGING_MIB",
     )
     pcie_programs_per_sm: int = setting(
         "int",
         "Programs per SM of the kernels that read or write L1 over PCIe: enough to keep the "
-        "link busy, few enough to leave the SMs to the forward beside them. Also read from "
-        "`VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM`.",
+        "link busy, few enough to leave the SMs to the forward beside them.",
         1,
+        env="VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM",
     )
     hit_log_interval: int = setting(
         "int", "Log a `[CPU-OFFLOAD HIT]` line every this many finished lookups.", 10
@@ -190,7 +187,7 @@ class OffloadConfig:
 
         def where(*keys: str) -> str:  # the file or variable, if it gave all these keys
             if len(keys) == 1 and keys[0] in from_env:
-                variable = ENVIRONMENT[keys[0]][0]
+                variable = SETTINGS[keys[0]].env
                 return f"{variable}={os.environ[variable]!r}: "
             return f"{path}: " if path and all(k not in inline for k in keys) else ""
 
@@ -256,11 +253,11 @@ class OffloadConfig:
 
 _CONFIG_FILE = Setting(
     "text",
-    f"A YAML file of these keys (inline keys win); not set: the file `{CONFIG_FILE_ENV}` "
-    "names, if any.",
+    "A YAML file of these keys (inline keys win); not set: the file its variable names, if any.",
     None,
     accepts="a path to a YAML file",
     name="config_file",
+    env=CONFIG_FILE_ENV,
 )
 _ALIASES = {
     "eviction_decay": Setting(
@@ -302,11 +299,12 @@ def _check_keys(values: Mapping[str, Any], where: str) -> None:
 
 
 def _from_environment(given: Mapping[str, Any]) -> dict[str, str]:
-    """The `ENVIRONMENT` keys that `given` lacks and whose variable is set, as text (a
-    bare number of a variable with a unit gets the unit)."""
+    """The settings that `given` lacks and whose variable (`Setting.env`) is set, as text
+    (a bare number gets the unit of `ENV_UNITS`)."""
     values = {}
-    for key, (variable, unit) in ENVIRONMENT.items():
-        text = os.environ.get(variable, "").strip()
+    for key, declared in settings_of(OffloadConfig).items():
+        text = os.environ.get(declared.env, "").strip() if declared.env else ""
+        unit = ENV_UNITS.get(key, "")
         if key not in given and text:
             values[key] = f"{text}{unit}" if unit and text.isdigit() else text
     return values
