@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# On the GPU host: build LMCache 0.5.6 from its sdist against the image's torch, with its CUDA
+# extension (lmcache.cuda_ops, sm_90) and its C++ extensions (lmcache_native, lmcache_fs,
+# lmcache_redis), install it into $LMC_TARGET (/tmp/lmc), and stop unless the compiled ops load.
+# The published wheel is built for torch 2.13 and runs on its pure-torch fallback under the
+# image's torch 2.11 (docs/benchmarks.md, issue 34).
+#
+# DIR holds what the host cannot download (made on the development machine, see
+# .work/gpu-lmcache-plan.md): lmcache-0.5.6-trimmed.tar.gz (the sdist without docs, tests,
+# examples, operator, asset, benchmarks) and the wheels of setuptools<81, setuptools_scm<10,
+# grpcio and grpcio-tools 1.78.0, protobuf 6 (build only, /tmp/lmcb) and aiofile, caio
+# (runtime, beside LMCache). Log: $OUT/lmcache-build.log. Takes ~3-6 min with 16 cores.
+# Usage: bash benchmarks/gpu/lmcache_build.sh DIR     then: PYTHONPATH=/tmp/site:/tmp/lmc
+set -euo pipefail
+src=$(realpath "${1:?usage: lmcache_build.sh DIR}")
+out=${OUT:-/tmp/lmc-out}
+target=${LMC_TARGET:-/tmp/lmc}
+py=${PYTHON:-python3}
+log=$out/lmcache-build.log
+mkdir -p "$out"
+
+fail() { echo "lmcache_build: $*; LMCache would run on its pure-torch fallback, stopping" >&2; exit 2; }
+pip_offline() { "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "$@"; }
+
+# The toolchain the CUDA extension needs, checked before anything is built.
+command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+command -v nvcc >/dev/null || fail "nvcc not found (PATH, /usr/local/cuda/bin)"
+"$py" - <<'EOF' || fail "no CUDA torch or no Python headers in $py"
+import os, sysconfig, torch
+assert torch.version.cuda, f"torch {torch.__version__} is not a CUDA build"
+header = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+assert os.path.exists(header), f"{header} missing"
+EOF
+abi=$("$py" -c "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
+{ nvcc --version | tail -2
+  "$py" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'cxx11_abi', torch._C._GLIBCXX_USE_CXX11_ABI)"
+  "$py" -m pip list 2>/dev/null | grep -i -E '^(setuptools|packaging|wheel|ninja|grpcio|protobuf|pybind11) ' || true
+} | tee "$log"
+
+start=$(date +%s)
+rm -rf /tmp/lmcb /tmp/lmcsrc /tmp/lmcwhl && mkdir -p /tmp/lmcsrc "$target"
+pip_offline --target /tmp/lmcb "$src"/setuptools-*.whl "$src"/setuptools_scm-*.whl \
+  "$src"/grpcio-*.whl "$src"/grpcio_tools-*.whl "$src"/protobuf-*.whl
+pip_offline --target "$target" "$src"/aiofile-*.whl "$src"/caio-*.whl
+tar xzf "$src"/lmcache-0.5.6-trimmed.tar.gz -C /tmp/lmcsrc
+
+echo "building LMCache 0.5.6 (TORCH_CUDA_ARCH_LIST=9.0, MAX_JOBS=16), log: $log"
+(cd /tmp/lmcsrc/lmcache-0.5.6 &&
+  env PYTHONPATH=/tmp/lmcb BUILD_WITH_CUDA=1 LMCACHE_CUDA_MAJOR=13 TORCH_CUDA_ARCH_LIST=9.0 \
+    MAX_JOBS=${MAX_JOBS:-16} NVCC_THREADS=1 ENABLE_CXX11_ABI="$abi" \
+    "$py" -m pip wheel -v --no-index --no-deps --no-build-isolation -w /tmp/lmcwhl . >> "$log" 2>&1) ||
+  { tail -40 "$log"; fail "the build failed (tail above)"; }
+pip_offline --target "$target" /tmp/lmcwhl/lmcache-*.whl
+echo "built and installed into $target in $(( $(date +%s) - start )) s" | tee -a "$log"
+
+# Proof: the compiled modules import from $target and replace the torch baseline's ops.
+PYTHONPATH=$target "$py" - <<'EOF' 2>&1 | tee -a "$log"
+import torch
+import lmcache
+import lmcache.cuda_ops as cuda_ops
+import lmcache.lmcache_native as native
+
+print("lmcache", lmcache.__version__, lmcache.__file__)
+print("cuda_ops", cuda_ops.__file__)
+print("lmcache_native", native.__file__)
+ops = lmcache.device_ops
+ops.ensure_native()
+public = [n for n in dir(cuda_ops) if not n.startswith("_") and callable(getattr(cuda_ops, n))]
+unbound = [n for n in public if getattr(ops, n, None) is not getattr(cuda_ops, n)]
+assert public and not unbound, f"{type(ops).__name__} did not bind cuda_ops: {unbound or 'no ops'}"
+print(f"{type(ops).__name__} runs {len(public)} compiled ops; GPU: {torch.cuda.get_device_name()}")
+EOF
+[ "${PIPESTATUS[0]}" -eq 0 ] || fail "the compiled extension does not load (above)"
+if [ -d /tmp/site/vllm ]; then
+  PYTHONPATH=/tmp/site:$target "$py" -c "import lmcache.integration.vllm.vllm_v1_adapter as a, \
+vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector; print('vLLM adapter imports:', a.__file__)" \
+    2>&1 | tail -3 | tee -a "$log"
+else
+  echo "vLLM kit not in /tmp/site: adapter import not checked" | tee -a "$log"
+fi
+echo "lmcache_build: OK; run LMCache with PYTHONPATH=/tmp/site:$target" | tee -a "$log"
