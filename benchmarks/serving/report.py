@@ -114,6 +114,7 @@ COLUMNS = (
     ("rate", "rate", "{}"),
     ("mode", "mode", "{}"),
     ("done", "completed", "{}"),
+    ("cut", "cancelled", "{}"),
     ("TTFT p50", "ttft_p50", "{:.0f}"),
     ("p90", "ttft_p90", "{:.0f}"),
     ("p99", "ttft_p99", "{:.0f}"),

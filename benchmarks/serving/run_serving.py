@@ -117,6 +117,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reference", type=Path, action="append", default=[],
                    help="folder with an earlier run's none results (repeatable)")  # fmt: skip
     p.add_argument("--summarize", type=Path, nargs="+", help="only tabulate these folders")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 unless every run has latencies and the tokens of none")  # fmt: skip
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     defaults = dict(DEFAULTS)
@@ -141,7 +143,7 @@ class Rate:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.summarize:
-        return 0 if summarize(args.summarize, args.summarize[0]) else 1
+        return verdict(summarize(args.summarize, args.summarize[0]), args.check)
     started = time.monotonic()
     selected = [m.strip() for m in args.modes.split(",") if m.strip()]
     modes.check(selected)
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args, tiers, flags, shape, hbm_tokens, out, started)
     for mode in selected:
         bench.run_mode(mode, rates)
-    return 0 if summarize([out, *args.reference], out) else 1
+    return verdict(summarize([out, *args.reference], out), args.check)
 
 
 def plan_rates(args: argparse.Namespace, shape: workload.Shape, kv_per_token: int) -> list[Rate]:
@@ -409,6 +411,27 @@ def summarize(folders: list[Path], out: Path) -> list[dict[str, Any]]:
     (out / "summary.txt").write_text(text + "\n")
     print("\n" + text, flush=True)
     return rows
+
+
+def verdict(rows: list[dict[str, Any]], check: bool) -> int:
+    """1 if there are no results; with `check`, also if a run lacks a latency percentile,
+    has no `none` run of its rate to compare with, or generated other tokens than it."""
+    problems = [] if rows else ["no results"]
+    for row in rows if check else []:
+        name = f"{row['rate_label']} {row['mode']}"
+        if any(row[key] is None for key in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99")):
+            problems.append(f"{name}: a latency percentile is missing")
+        if row["mode"] == "none":
+            continue
+        for key in ("identical_to_none", "verify_identical_to_none"):
+            same = row.get(key)
+            if same is None or same["compared"] == 0:
+                problems.append(f"{name}: no none run of this rate to compare with")
+            elif same["differ"]:
+                problems.append(f"{name}: {key} differs at {same['differ']}")
+    for problem in problems:
+        print(f"CHECK FAILED: {problem}", flush=True)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

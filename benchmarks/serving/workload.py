@@ -34,8 +34,11 @@ class Shape:
     def mean_prompt_tokens(self) -> float:
         """Mean prompt length over a session's turns (the KV a live session holds)."""
         context = sum(self.context_tokens) / 2
-        per_turn = sum(self.user_tokens) / 2 + sum(self.output_tokens) / 2
-        return self.system_tokens + context + per_turn * (self.turns + 1) / 2
+        user, output = sum(self.user_tokens) / 2, sum(self.output_tokens) / 2
+        # turn k (1-based) carries k user messages and the k - 1 replies before it
+        return (
+            self.system_tokens + context + (user * (self.turns + 1) + output * (self.turns - 1)) / 2
+        )
 
 
 @dataclass(frozen=True)
