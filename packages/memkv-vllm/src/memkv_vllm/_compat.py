@@ -56,6 +56,7 @@ __all__ = [
     "PrepareStoreOutput",
     "RequestOffloadingContext",
     "SecondaryTierManager",
+    "events_enabled",
     "hash_seed_problem",
     "init_tier_base",
     "invalid_block_ids",
@@ -234,6 +235,12 @@ def load_failure_policy(vllm_config: VllmConfig) -> str:
     """`kv_transfer_config.kv_load_failure_policy` (`"fail"` where a release lacks it)."""
     transfer = getattr(vllm_config, "kv_transfer_config", None)
     return str(getattr(transfer, "kv_load_failure_policy", None) or "fail")
+
+
+def events_enabled(spec: _base.OffloadingSpec) -> bool:
+    """Whether the engine publishes KV events (`OffloadingConfig.enable_kv_cache_events`,
+    False where the release has none)."""
+    return bool(getattr(spec.config, "enable_kv_cache_events", False))
 
 
 def kv_cache_layout(config: OffloadingConfig) -> str:

@@ -23,16 +23,11 @@ from typing import Any
 from . import _compat as c
 from .lookup import Answer
 
-__all__ = ["MAX_ANNOUNCED", "SharedTierEvents", "events_enabled"]
+__all__ = ["MAX_ANNOUNCED", "SharedTierEvents"]
 
 MAX_ANNOUNCED = 1 << 20
 """Blocks remembered as announced (about 100 bytes each); beyond that the oldest are
 forgotten and announced again when next seen (routers count repeats once)."""
-
-
-def events_enabled(spec: Any) -> bool:
-    """Whether the engine publishes KV events (`OffloadingConfig.enable_kv_cache_events`)."""
-    return bool(getattr(getattr(spec, "config", None), "enable_kv_cache_events", False))
 
 
 class SharedTierEvents:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 from . import _compat as c
 from .config import ConfigError, DirectConfig
 from .direct_manager import MemKVDirectManager
-from .kv_events import events_enabled
 from .load_store_spec import MemKVLoadStoreSpec
 from .metrics import metric_definitions
 from .store import StoreConfig
@@ -69,7 +68,7 @@ class MemKVOffloadingSpec(c.OffloadingSpec):  # type: ignore[misc]
                 self._store_config(),
                 self.config.engine_id,
                 parallel.world_size,
-                events=events_enabled(self),
+                events=c.events_enabled(self),
             )
         return self._manager
 

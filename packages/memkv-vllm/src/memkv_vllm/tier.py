@@ -24,7 +24,7 @@ from vllm_kv_identity import weights_fingerprint
 from . import _compat as c
 from .config import TierConfig
 from .jobs import JobOutcome, JobRunner
-from .kv_events import SharedTierEvents, events_enabled
+from .kv_events import SharedTierEvents
 from .lookup import BatchedLookup
 from .metrics import (
     BLOCKS,
@@ -124,7 +124,7 @@ class MemKVTierManager(c.SecondaryTierManager):  # type: ignore[misc]
         self._lookups = SchedulerLookup(
             self._lookup, self._metrics, progress, self._kv.health, self._jobs.pending
         )
-        self._events = SharedTierEvents() if events_enabled(offloading_spec) else None
+        self._events = SharedTierEvents() if c.events_enabled(offloading_spec) else None
         self._write_config_record(offloading_spec)
         log.info(
             "memkv-vllm: tier ready: %d-byte values under %s on %s (vLLM %s)",
