@@ -54,7 +54,7 @@ pip_offline --target "$target" /tmp/lmcwhl/lmcache-*.whl
 echo "built and installed into $target in $(( $(date +%s) - start )) s" | tee -a "$log"
 
 # Proof: the compiled modules import from $target and replace the torch baseline's ops.
-PYTHONPATH=$target "$py" - <<'EOF' 2>&1 | tee -a "$log"
+if ! PYTHONPATH=$target "$py" - <<'EOF' 2>&1 | tee -a "$log"; then
 import torch
 import lmcache
 import lmcache.cuda_ops as cuda_ops
@@ -70,11 +70,13 @@ unbound = [n for n in public if getattr(ops, n, None) is not getattr(cuda_ops, n
 assert public and not unbound, f"{type(ops).__name__} did not bind cuda_ops: {unbound or 'no ops'}"
 print(f"{type(ops).__name__} runs {len(public)} compiled ops; GPU: {torch.cuda.get_device_name()}")
 EOF
-[ "${PIPESTATUS[0]}" -eq 0 ] || fail "the compiled extension does not load (above)"
+  fail "the compiled extension does not load (above)"
+fi
 if [ -d /tmp/site/vllm ]; then
   PYTHONPATH=/tmp/site:$target "$py" -c "import lmcache.integration.vllm.vllm_v1_adapter as a, \
 vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector; print('vLLM adapter imports:', a.__file__)" \
-    2>&1 | tail -3 | tee -a "$log"
+    > "$out/lmcache-adapter.log" 2>&1 || { tail -5 "$out/lmcache-adapter.log"; fail "the vLLM adapter does not import"; }
+  tail -1 "$out/lmcache-adapter.log" | tee -a "$log" && rm "$out/lmcache-adapter.log"
 else
   echo "vLLM kit not in /tmp/site: adapter import not checked" | tee -a "$log"
 fi
