@@ -87,7 +87,8 @@ class StoreConfig:
         sources = read_sources(env)
         read = _Reader(vllm_values, where, key_prefix, sources)
         shared = read(_SHARED)
-        backend = _backend(shared.get("backend", "memkv"), read.place("backend"), key_prefix)
+        name = shared.get("backend", _SHARED["backend"].default)
+        backend = _backend(name, read.place("backend"), key_prefix)
         own = _settings_class(backend)
         cfg = cls(**shared, backend_settings=own(**read(settings_of(own))) if own else None,
                   sources=sources)  # fmt: skip
