@@ -46,7 +46,7 @@ __all__ = [
     "env_name",
     "load_config",
 ]
-MTUS = (256, 512, 1024, 2048, 4096)
+_MTUS = (256, 512, 1024, 2048, 4096)
 
 
 class Transport(enum.Enum):
@@ -136,7 +136,7 @@ class Config:
         "any",
         "RDMA path MTU.",
         4096,
-        accepts=f"one of {list(MTUS)}",
+        accepts=f"one of {list(_MTUS)}",
         env="MEMKV_MTU",
     )
     rdma_timeout_secs: int = setting(
@@ -248,7 +248,7 @@ def _auth_key(value: Any) -> bytes | None:
 
 def _mtu(value: Any) -> int:
     text = str(value).strip()
-    if isinstance(value, bool) or not text.isdigit() or int(text) not in MTUS:
+    if isinstance(value, bool) or not text.isdigit() or int(text) not in _MTUS:
         raise ValueError("")
     return int(text)
 
