@@ -19,10 +19,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from kvpool_mmap import InsufficientSpaceError, check_l1_room
+from kvpool_mmap import (
+    InsufficientSpaceError,
+    KvPoolError,
+    check_l1_room,
+    inspect_pool_file,
+    pool_files,
+)
 
 from .config import ConfigError, OffloadConfig
-from .pool import anonymous_l1_dirs, anonymous_l1_root
+from .exit_cleanup import remove_l1_at_exit
+from .pool import anonymous_l1_dirs, anonymous_l1_root, engine_file_pattern
 
 CONNECTOR_NAME = "MarconiOffloadConnector"
 _WRAPPED = "_marconi_offload_checks_config"
@@ -46,25 +53,65 @@ def uses_this_connector(kv_transfer_config: Any) -> bool:
     )
 
 
-def check_vllm_config(vllm_config: Any) -> None:
-    """ConfigError if this connector is selected with a bad `kv_connector_extra_config`."""
+def check_vllm_config(vllm_config: Any) -> OffloadConfig | None:
+    """This connector's settings if it is selected, else None; ConfigError if they are bad
+    (or, on one host, its pool is in use or does not fit)."""
     kv_transfer_config: Any = getattr(vllm_config, "kv_transfer_config", None)
     if _offloading_flag_set(vllm_config) and _meant_for_us(kv_transfer_config):
         raise ConfigError(ONE_FLAG_ERROR)
-    if uses_this_connector(kv_transfer_config):
-        config = OffloadConfig.from_extra_config(kv_transfer_config.kv_connector_extra_config)
-        _check_l1_room(vllm_config, config)
-
-
-def _check_l1_room(vllm_config: Any, config: OffloadConfig) -> None:
-    """ConfigError if this host's share of `cpu_bytes_to_use` cannot fit where its L1
-    files go (the workers would fail later, each with its own traceback)."""
+    if not uses_this_connector(kv_transfer_config):
+        return None
+    config = OffloadConfig.from_extra_config(kv_transfer_config.kv_connector_extra_config)
     parallel = getattr(vllm_config, "parallel_config", None)
-    if parallel is None or int(getattr(parallel, "nnodes", 1) or 1) > 1:
-        return  # ranks on several hosts: each worker checks its own share
+    if parallel is not None and int(getattr(parallel, "nnodes", 1) or 1) == 1:
+        # (ranks on several hosts: each worker checks its own files and share)
+        _check_pools_free(vllm_config, config, _local_dp_ranks(parallel))
+        _check_l1_room(config, _local_dp_ranks(parallel), parallel)
+    return config
+
+
+def _local_dp_ranks(parallel: Any) -> range:
+    """The data-parallel ranks this host's engines run (all of them unless launched apart)."""
     data_parallel = max(1, int(getattr(parallel, "data_parallel_size", 1) or 1))
     local = int(getattr(parallel, "data_parallel_size_local", data_parallel) or 0)
-    share = config.cpu_bytes_to_use * min(local, data_parallel) // data_parallel
+    first = int(getattr(parallel, "data_parallel_rank", 0) or 0)
+    return range(first, first + min(local, data_parallel))
+
+
+def _check_pools_free(vllm_config: Any, config: OffloadConfig, dp_ranks: range) -> None:
+    """ConfigError if a running process holds a pool file this engine would take (another
+    server of the same model, or the same `pool_name`, on the same directories): the
+    workers would fail after the model loads, each with its own traceback. Without a
+    `pool_name`, a file of the same model under any layout counts (the layout is not known
+    before the model loads)."""
+    pattern = engine_file_pattern(vllm_config, config)
+    for setting, folder in (
+        ("cpu_pool_path", config.cpu_pool_path),
+        ("l2_pool_path", config.l2_pool_path),
+    ):
+        if not folder or not Path(folder).is_dir():
+            continue
+        for path in pool_files(Path(folder)):
+            match = pattern.fullmatch(path.name)
+            if match is None or int(match["dp"]) not in dp_ranks:
+                continue
+            try:
+                held = inspect_pool_file(path)
+            except (KvPoolError, OSError):
+                continue
+            if held.owners:
+                raise ConfigError(
+                    f"{config.where(setting)}{setting}: {path} is in use by {held.owner}; "
+                    "nothing was changed. Every running engine needs its own pool_name "
+                    f"(now {match['name']!r}) or its own {setting}."
+                )
+
+
+def _check_l1_room(config: OffloadConfig, dp_ranks: range, parallel: Any) -> None:
+    """ConfigError if this host's share of `cpu_bytes_to_use` cannot fit where its L1
+    files go (the workers would fail later, each with its own traceback)."""
+    data_parallel = max(1, int(getattr(parallel, "data_parallel_size", 1) or 1))
+    share = config.cpu_bytes_to_use * len(dp_ranks) // data_parallel
     if config.cpu_pool_path:
         directory, also = Path(config.cpu_pool_path), []
     else:
@@ -91,7 +138,8 @@ def _meant_for_us(kv_transfer_config: Any) -> bool:
 
 
 def install() -> None:
-    """Make `EngineArgs.create_engine_config` check our config (idempotent)."""
+    """Make `EngineArgs.create_engine_config` check our config, and the process that
+    calls it remove the engine's L1 files at its exit (`exit_cleanup`; idempotent)."""
     from vllm.engine.arg_utils import EngineArgs
 
     original = EngineArgs.create_engine_config
@@ -102,10 +150,12 @@ def install() -> None:
     def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
         vllm_config = original(self, *args, **kwargs)
         try:
-            check_vllm_config(vllm_config)
+            config = check_vllm_config(vllm_config)
         except ConfigError:
             _report_in_one_line()
             raise
+        if config is not None and config.cpu_pool_path:  # anonymous L1s lose their names
+            remove_l1_at_exit(Path(config.cpu_pool_path), engine_file_pattern(vllm_config, config))
         return vllm_config
 
     setattr(create_engine_config, _WRAPPED, True)

@@ -52,8 +52,23 @@ def engine_name(vllm_config: Any, config: OffloadConfig, fingerprint: bytes) -> 
     """A name for this engine's files that is stable across restarts (unlike engine_id)."""
     if config.pool_name is not None:
         return config.pool_name  # validated: used as it is, so distinct names never collide
+    return f"{_model_slug(vllm_config)}-{fingerprint.hex()[:12]}"
+
+
+def engine_file_pattern(vllm_config: Any, config: OffloadConfig) -> re.Pattern[str]:
+    """The names `engine_name` can give this engine's pool files before the model loads
+    (the layout part of the fingerprint is not known yet: any value matches); groups
+    `name` (the engine name) and `dp` (the data-parallel rank)."""
+    if config.pool_name is not None:
+        name = re.escape(config.pool_name)
+    else:
+        name = re.escape(_model_slug(vllm_config)) + "-[0-9a-f]{12}"
+    return re.compile(rf"kvpool-(?P<name>{name})-dp(?P<dp>\d+)-tp\d+\.l[12]")
+
+
+def _model_slug(vllm_config: Any) -> str:
     model = Path(str(vllm_config.model_config.model)).name or "model"
-    return f"{_slug(model)[:40]}-{fingerprint.hex()[:12]}"
+    return _slug(model)[:40]
 
 
 def anonymous_l1_root() -> Path:
