@@ -11,8 +11,9 @@
 # grpcio and grpcio-tools 1.78.0, protobuf 6 (build only, /tmp/lmcb) and aiofile, caio
 # (runtime, beside LMCache). Log: $OUT/lmcache-build.log. Takes ~3-6 min with 16 cores.
 # Usage: bash benchmarks/gpu/lmcache_build.sh DIR     then: PYTHONPATH=/tmp/site:/tmp/lmc
+#        bash benchmarks/gpu/lmcache_build.sh --check  (again, once the vLLM kit is in /tmp/site)
 set -euo pipefail
-src=$(realpath "${1:?usage: lmcache_build.sh DIR}")
+src=${1:?usage: lmcache_build.sh DIR | --check}
 out=${OUT:-/tmp/lmc-out}
 target=${LMC_TARGET:-/tmp/lmc}
 py=${PYTHON:-python3}
@@ -21,6 +22,52 @@ mkdir -p "$out"
 
 fail() { echo "lmcache_build: $*; LMCache would run on its pure-torch fallback, stopping" >&2; exit 2; }
 pip_offline() { "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "$@"; }
+
+# Proof. Without the vLLM kit in /tmp/site, `import lmcache` lacks cachetools, dill and
+# opentelemetry, so the compiled modules are loaded by file: that shows they link and initialise
+# against this torch. With the kit, lmcache.device_ops must bind every public op of cuda_ops
+# (no torch baseline left) and vLLM's LMCache connector must import.
+check() {
+  if [ ! -f /tmp/site/.kit-installed ]; then
+    PYTHONPATH=$target "$py" - <<'EOF' 2>&1 | tee -a "$log" || fail "a compiled module does not load (above)"
+import glob, importlib.util, os, sys, torch
+target = os.environ["PYTHONPATH"]
+for name in ("cuda_ops", "lmcache_native"):
+    files = glob.glob(f"{target}/lmcache/{name}.*.so")
+    assert files, f"{target}/lmcache/{name}.*.so missing"
+    spec = importlib.util.spec_from_file_location(name, files[0])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    print(f"{name} loads against torch {torch.__version__}: {files[0]}")
+EOF
+    echo "vLLM kit not installed: bind check and adapter import skipped; after the kit run:" \
+      "bash benchmarks/gpu/lmcache_build.sh --check" | tee -a "$log"
+    return
+  fi
+  PYTHONPATH=/tmp/site:$target "$py" - <<'EOF' 2>&1 | tee -a "$log" || fail "the compiled ops are not in use (above)"
+import torch
+import lmcache
+import lmcache.cuda_ops as cuda_ops
+import lmcache.lmcache_native as native
+import lmcache.integration.vllm.vllm_v1_adapter as adapter
+import vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector  # noqa: F401
+
+print("lmcache", lmcache.__version__, lmcache.__file__)
+print("cuda_ops", cuda_ops.__file__)
+print("lmcache_native", native.__file__)
+print("vLLM adapter imports:", adapter.__file__)
+ops = lmcache.device_ops
+ops.ensure_native()
+public = [n for n in dir(cuda_ops) if not n.startswith("_") and callable(getattr(cuda_ops, n))]
+unbound = [n for n in public if getattr(ops, n, None) is not getattr(cuda_ops, n)]
+assert public and not unbound, f"{type(ops).__name__} did not bind cuda_ops: {unbound or 'no ops'}"
+print(f"{type(ops).__name__} runs {len(public)} compiled ops; GPU: {torch.cuda.get_device_name()}")
+EOF
+  echo "lmcache_build: OK; run LMCache with PYTHONPATH=/tmp/site:$target" | tee -a "$log"
+}
+
+if [ "$src" = --check ]; then check; exit; fi
+src=$(realpath "$src")
 
 # The toolchain the CUDA extension needs, checked before anything is built.
 command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
@@ -53,31 +100,4 @@ echo "building LMCache 0.5.6 (TORCH_CUDA_ARCH_LIST=9.0, MAX_JOBS=16), log: $log"
 pip_offline --target "$target" /tmp/lmcwhl/lmcache-*.whl
 echo "built and installed into $target in $(( $(date +%s) - start )) s" | tee -a "$log"
 
-# Proof: the compiled modules import from $target and replace the torch baseline's ops.
-if ! PYTHONPATH=$target "$py" - <<'EOF' 2>&1 | tee -a "$log"; then
-import torch
-import lmcache
-import lmcache.cuda_ops as cuda_ops
-import lmcache.lmcache_native as native
-
-print("lmcache", lmcache.__version__, lmcache.__file__)
-print("cuda_ops", cuda_ops.__file__)
-print("lmcache_native", native.__file__)
-ops = lmcache.device_ops
-ops.ensure_native()
-public = [n for n in dir(cuda_ops) if not n.startswith("_") and callable(getattr(cuda_ops, n))]
-unbound = [n for n in public if getattr(ops, n, None) is not getattr(cuda_ops, n)]
-assert public and not unbound, f"{type(ops).__name__} did not bind cuda_ops: {unbound or 'no ops'}"
-print(f"{type(ops).__name__} runs {len(public)} compiled ops; GPU: {torch.cuda.get_device_name()}")
-EOF
-  fail "the compiled extension does not load (above)"
-fi
-if [ -d /tmp/site/vllm ]; then
-  PYTHONPATH=/tmp/site:$target "$py" -c "import lmcache.integration.vllm.vllm_v1_adapter as a, \
-vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector; print('vLLM adapter imports:', a.__file__)" \
-    > "$out/lmcache-adapter.log" 2>&1 || { tail -5 "$out/lmcache-adapter.log"; fail "the vLLM adapter does not import"; }
-  tail -1 "$out/lmcache-adapter.log" | tee -a "$log" && rm "$out/lmcache-adapter.log"
-else
-  echo "vLLM kit not in /tmp/site: adapter import not checked" | tee -a "$log"
-fi
-echo "lmcache_build: OK; run LMCache with PYTHONPATH=/tmp/site:$target" | tee -a "$log"
+check
