@@ -3,7 +3,7 @@
 # extension (lmcache.cuda_ops, sm_90) and its C++ extensions (lmcache_native, lmcache_fs,
 # lmcache_redis), install it into $LMC_TARGET (/tmp/lmc), and stop unless the compiled ops load.
 # The published wheel is built for torch 2.13 and runs on its pure-torch fallback under the
-# image's torch 2.11 (docs/benchmarks.md, issue 34).
+# image's torch 2.11 (docs/benchmarks/history/gpu-2026-12-06-h100.md).
 #
 # DIR holds what the host cannot download (made on the development machine, see
 # .work/gpu-lmcache-plan.md): lmcache-0.5.6-trimmed.tar.gz (the sdist without docs, tests,
