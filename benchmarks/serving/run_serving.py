@@ -305,6 +305,7 @@ class Bench:
             server.stop()
             if store is not None:
                 store.stop()
+            modes.fresh(self.tiers)  # ours' L1 in /dev/shm is host memory the next mode needs
 
     def run_rate(self, mode: str, rate: Rate, server: VllmServer) -> None:
         sessions = workload.sessions(rate.seed, rate.per_s, self.args.duration, self.shape)
