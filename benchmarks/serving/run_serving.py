@@ -169,6 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     rates = plan_rates(args, shape, kv_per_token)
     flags = shlex.split(args.engine_flags)
     flags += ["--kv-cache-memory-bytes", str(args.hbm_kv_bytes), "--enable-prompt-tokens-details"]
+    if "--max-model-len" in flags:
+        limit = int(flags[flags.index("--max-model-len") + 1])
+        if shape.longest_request_tokens() > limit:
+            raise SystemExit(
+                f"a request may need {shape.longest_request_tokens()} tokens, over the servers' "
+                f"--max-model-len {limit} (--engine-flags): shorten --context-tokens, "
+                "--user-tokens, --output-tokens or --turns"
+            )
     tiers = modes.Tiers(
         cpu_bytes=args.cpu_bytes,
         l2_l1_bytes=args.l2_l1_bytes or args.cpu_bytes // 4,

@@ -40,6 +40,15 @@ class Shape:
             self.system_tokens + context + (user * (self.turns + 1) + output * (self.turns - 1)) / 2
         )
 
+    def longest_request_tokens(self) -> int:
+        """The most tokens one request can need: the last turn's longest prompt and reply."""
+        return (
+            self.system_tokens
+            + self.context_tokens[1]
+            + self.user_tokens[1] * self.turns
+            + self.output_tokens[1] * self.turns
+        )
+
 
 @dataclass(frozen=True)
 class Turn:
