@@ -210,6 +210,7 @@ def host(readme_tiny_model: str, tmp_path: Path) -> Iterator[CpuHost]:
     host = CpuHost(readme_tiny_model, tmp_path)
     yield host
     shutil.rmtree(host.l1, ignore_errors=True)
+    shutil.rmtree(tmp_path / "kv_l2", ignore_errors=True)  # the README's 20 GiB, reserved
 
 
 @pytest.fixture
