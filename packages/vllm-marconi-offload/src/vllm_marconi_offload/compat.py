@@ -169,3 +169,57 @@ def event_extra_keys(extra: list[Any]) -> Any:
     if untag is not None:
         return untag(extra)
     return extra if any(e is not None for e in extra) else None
+
+
+# --- the engine's configuration (early checks, pool names) --------------------------------
+
+
+def transfer_config(vllm_config: Any) -> Any:
+    """`vllm_config.kv_transfer_config` (None: no connector configured)."""
+    return getattr(vllm_config, "kv_transfer_config", None)
+
+
+def connector_choice(kv_transfer_config: Any) -> tuple[str | None, str]:
+    """The connector `kv_transfer_config` names and its module path ("" if none)."""
+    name = getattr(kv_transfer_config, "kv_connector", None)
+    return name, getattr(kv_transfer_config, "kv_connector_module_path", None) or ""
+
+
+def connector_extra_config(kv_transfer_config: Any) -> dict[str, Any]:
+    """`kv_connector_extra_config` ({} if none)."""
+    extra: dict[str, Any] = getattr(kv_transfer_config, "kv_connector_extra_config", None) or {}
+    return extra
+
+
+def offloading_flag_set(vllm_config: Any) -> bool:
+    """Whether vLLM's one-flag offload (`--kv-offloading-size`, newer releases) is on."""
+    cache = getattr(vllm_config, "cache_config", None)
+    return getattr(cache, "kv_offloading_size", None) is not None
+
+
+def single_host(vllm_config: Any) -> Any:
+    """The engine's parallel config if all its ranks run on this host (`nnodes` 1, or a
+    release without it), else None."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    if parallel is None or int(getattr(parallel, "nnodes", 1) or 1) != 1:
+        return None
+    return parallel
+
+
+def data_parallel(parallel: Any) -> tuple[int, int, int]:
+    """(data-parallel size, engines on this host, this host's first data-parallel rank);
+    a release or launch without the local fields: every rank on this host."""
+    size = max(1, int(getattr(parallel, "data_parallel_size", 1) or 1))
+    local = int(getattr(parallel, "data_parallel_size_local", size) or 0)
+    return size, local, data_parallel_rank(parallel)
+
+
+def data_parallel_rank(parallel: Any) -> int:
+    """This engine's data-parallel rank (0 without one)."""
+    return int(getattr(parallel, "data_parallel_rank", 0) or 0)
+
+
+def model_revision(model_config: Any) -> str | None:
+    """The model's hub revision, None if not pinned."""
+    revision: str | None = getattr(model_config, "revision", None)
+    return revision

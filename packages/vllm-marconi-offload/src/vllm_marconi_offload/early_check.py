@@ -27,6 +27,7 @@ from kvpool_mmap import (
     pool_files,
 )
 
+from . import compat
 from .config import ConfigError, OffloadConfig
 from .exit_cleanup import remove_l1_at_exit
 from .pool import anonymous_l1_dirs, anonymous_l1_root, engine_file_pattern
@@ -46,25 +47,21 @@ def uses_this_connector(kv_transfer_config: Any) -> bool:
     """True if `kv_transfer_config` selects this connector (by name or module path)."""
     if kv_transfer_config is None:
         return False
-    module = getattr(kv_transfer_config, "kv_connector_module_path", None) or ""
-    return bool(
-        getattr(kv_transfer_config, "kv_connector", None) == CONNECTOR_NAME
-        or module.split(".")[0] == "vllm_marconi_offload"
-    )
+    name, module = compat.connector_choice(kv_transfer_config)
+    return name == CONNECTOR_NAME or module.split(".")[0] == "vllm_marconi_offload"
 
 
 def check_vllm_config(vllm_config: Any) -> OffloadConfig | None:
     """This connector's settings if it is selected, else None; ConfigError if they are bad
     (or, on one host, its pool is in use or does not fit)."""
-    kv_transfer_config: Any = getattr(vllm_config, "kv_transfer_config", None)
-    if _offloading_flag_set(vllm_config) and _meant_for_us(kv_transfer_config):
+    kv_transfer_config = compat.transfer_config(vllm_config)
+    if compat.offloading_flag_set(vllm_config) and _meant_for_us(kv_transfer_config):
         raise ConfigError(ONE_FLAG_ERROR)
     if not uses_this_connector(kv_transfer_config):
         return None
     config = OffloadConfig.from_extra_config(kv_transfer_config.kv_connector_extra_config)
-    parallel = getattr(vllm_config, "parallel_config", None)
-    if parallel is not None and int(getattr(parallel, "nnodes", 1) or 1) == 1:
-        # (ranks on several hosts: each worker checks its own files and share)
+    parallel = compat.single_host(vllm_config)
+    if parallel is not None:  # (ranks on several hosts: each worker checks its own)
         _check_pools_free(vllm_config, config, _local_dp_ranks(parallel))
         _check_l1_room(config, _local_dp_ranks(parallel), parallel)
     return config
@@ -72,9 +69,7 @@ def check_vllm_config(vllm_config: Any) -> OffloadConfig | None:
 
 def _local_dp_ranks(parallel: Any) -> range:
     """The data-parallel ranks this host's engines run (all of them unless launched apart)."""
-    data_parallel = max(1, int(getattr(parallel, "data_parallel_size", 1) or 1))
-    local = int(getattr(parallel, "data_parallel_size_local", data_parallel) or 0)
-    first = int(getattr(parallel, "data_parallel_rank", 0) or 0)
+    data_parallel, local, first = compat.data_parallel(parallel)
     return range(first, first + min(local, data_parallel))
 
 
@@ -110,7 +105,7 @@ def _check_pools_free(vllm_config: Any, config: OffloadConfig, dp_ranks: range) 
 def _check_l1_room(config: OffloadConfig, dp_ranks: range, parallel: Any) -> None:
     """ConfigError if this host's share of `cpu_bytes_to_use` cannot fit where its L1
     files go (the workers would fail later, each with its own traceback)."""
-    data_parallel = max(1, int(getattr(parallel, "data_parallel_size", 1) or 1))
+    data_parallel, _, _ = compat.data_parallel(parallel)
     share = config.cpu_bytes_to_use * len(dp_ranks) // data_parallel
     if config.cpu_pool_path:
         directory, also = Path(config.cpu_pool_path), []
@@ -125,15 +120,9 @@ def _check_l1_room(config: OffloadConfig, dp_ranks: range, parallel: Any) -> Non
         raise ConfigError(f"{config.where('cpu_bytes_to_use')}{exc.strerror}{hint}") from exc
 
 
-def _offloading_flag_set(vllm_config: Any) -> bool:
-    return (
-        getattr(getattr(vllm_config, "cache_config", None), "kv_offloading_size", None) is not None
-    )
-
-
 def _meant_for_us(kv_transfer_config: Any) -> bool:
     """Our module path, or settings only this connector takes (the flag replaced the name)."""
-    extra = getattr(kv_transfer_config, "kv_connector_extra_config", None) or {}
+    extra = compat.connector_extra_config(kv_transfer_config)
     return uses_this_connector(kv_transfer_config) or any(key in extra for key in _OWN_KEYS)
 
 

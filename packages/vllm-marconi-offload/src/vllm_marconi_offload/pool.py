@@ -19,6 +19,7 @@ from typing import Any
 from kvpool_mmap import StoreConfig, remove_stale_l1
 from vllm_kv_identity import weights_fingerprint
 
+from . import compat
 from .config import USER_KEYS, OffloadConfig
 from .layout import LayoutError, SlotLayout
 
@@ -33,7 +34,7 @@ def layout_fingerprint(vllm_config: Any, layout: SlotLayout, block_size: int) ->
     changes them; L2 outlives the process, and only this host reads it).
     """
     model_config = vllm_config.model_config
-    revision = getattr(model_config, "revision", None)
+    revision = compat.model_revision(model_config)
     model = str(model_config.model)
     fields = (
         model,
@@ -135,7 +136,7 @@ def build_store_config(
         "l1.path": config.cpu_pool_path or anonymous_l1_dir(vllm_config),
         "dp_size": int(parallel.data_parallel_size),
         "tp_size": int(parallel.tensor_parallel_size),
-        "dp_rank": int(getattr(parallel, "data_parallel_rank", 0) or 0),
+        "dp_rank": compat.data_parallel_rank(parallel),
     }
     return StoreConfig.from_dict(values, names=USER_KEYS)  # errors in the user's keys
 
