@@ -114,6 +114,7 @@ class MemKVDirectManager(c.OffloadingManager):  # type: ignore[misc]
             timeout=min(cfg.memkv_lookup_timeout_s, store_config.stall_budget_s),
             settings_hint=self._kv.settings_hint,
             progress=progress,
+            unanswered=self._kv.unanswered,
         )
         self._lookups = SchedulerLookup(self._lookup, TierMetrics(), progress, self._kv.health)
         load_errors = current_load_errors()  # set under MemKVOffloadingConnector

@@ -5,7 +5,9 @@ answers from a small TTL cache, or queues the key and answers PENDING (vLLM's RE
 `BatchedLookup.flush` (called once per scheduler step) sends every queued key in one
 `exists` call on a background thread; its answers land in the cache for the next step.
 A round that errors, or is still unanswered after `timeout` seconds, resolves its keys
-as absent, so a dead server degrades to recompute instead of stalling requests.
+as absent, so a dead server degrades to recompute instead of stalling requests; an
+unanswered round is also reported (`unanswered`), so the store skips its members for the
+loads that follow instead of waiting on them again.
 No vLLM import.
 """
 
@@ -34,8 +36,10 @@ class BatchedLookup:
 
     `exists` is the batched probe (`Client.exists`: names -> presence flags); a 'present'
     answer is reused for `hit_ttl` seconds, an 'absent' one for `miss_ttl`; a round still
-    unanswered after `timeout` seconds resolves as absent. `progress` (optional) is set
-    whenever a round ends, for a scheduler that waits instead of spinning.
+    unanswered after `timeout` seconds resolves as absent, and is passed to `unanswered`
+    (optional; `KVStore.unanswered`) with its names and whether it is still running.
+    `progress` (optional) is set whenever a round ends, for a scheduler that waits
+    instead of spinning.
     """
 
     MAX_CACHED = 1 << 20
@@ -50,8 +54,10 @@ class BatchedLookup:
         settings_hint: str,
         clock: Callable[[], float] = time.monotonic,
         progress: threading.Event | None = None,
+        unanswered: Callable[[list[bytes], Callable[[], bool]], None] | None = None,
     ) -> None:
         self._exists = exists
+        self._unanswered = unanswered
         self._progress = progress
         self._settings_hint = settings_hint
         self._hit_ttl = hit_ttl
@@ -184,6 +190,8 @@ class BatchedLookup:
                 "(%s)",
                 self._timeout, len(self._inflight), self._settings_hint,
             )  # fmt: skip
+            if self._unanswered is not None:
+                self._unanswered(list(self._inflight), lambda: not round_.done())
             flags = [False] * len(self._inflight)
         else:
             return

@@ -222,6 +222,13 @@ class MemKVStore:
 
         return self._shared(keys, call, lambda _: False)
 
+    def unanswered(self, keys: list[bytes], running: Callable[[], bool]) -> None:
+        for member in {self._servers[self._router.route(k)] for k in keys}:
+            self._board.found_down(member, partial(self._waited_on, member, running))
+
+    def _waited_on(self, address: str, running: Callable[[], bool]) -> bool:
+        return running() or self._down_here(address)
+
     def register(self, buffer: Any) -> None:
         return None  # the client moves any buffer in place; RDMA registration is its own
 

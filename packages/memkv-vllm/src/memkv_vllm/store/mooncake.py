@@ -470,6 +470,10 @@ class MooncakeStore:
             self._counters.add(exists_errors=1)
         return [c == 1 for c in codes]
 
+    def unanswered(self, keys: list[bytes], running: Callable[[], bool]) -> None:
+        master = self._guard
+        self._board.found_down(master.address, lambda: running() or not master.up)
+
     def _stage(
         self, items: list[Item]
     ) -> tuple[np.ndarray, list[int], list[int], Callable[[], None]] | None:

@@ -10,7 +10,7 @@ counters. Implementations: `.memkv.MemKVStore` (our `memkv serve` cluster throug
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple, Protocol
 
@@ -118,6 +118,12 @@ class KVStore(Protocol):
 
     def exists(self, keys: list[bytes]) -> list[bool]:
         """Presence of each key; a key the store cannot answer for reads as absent."""
+        ...
+
+    def unanswered(self, keys: list[bytes], running: Callable[[], bool]) -> None:
+        """An `exists` call for `keys` missed its caller's deadline while `running()`: the
+        members holding them are down for this engine's other calls (loads, stores) until
+        that call has returned and this store's own record has them up."""
         ...
 
     def register(self, buffer: Any) -> None:
