@@ -8,7 +8,9 @@ tracebacks. No vLLM hook sees the finished configuration earlier, so
 entry point (`vllm serve`, the OpenAI server, `LLM(...)`, `AsyncLLM`) calls to build it.
 If nothing catches the error (`vllm serve`, a script), the program ends with the one line
 `report(error)` on stderr instead of a traceback. No vLLM import: the caller passes the
-class in.
+class in. The one probe of vLLM's method is `_checks_on` (the tags of the checks already
+wrapped around it), so two plugins, or one loaded twice, chain their checks instead of
+wrapping twice.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def check_at_config_build(
     it built (idempotent per `tag`); an uncaught one of `errors` from it ends the program
     with the line `report(error)` on stderr."""
     original = engine_args_cls.create_engine_config
-    if tag in getattr(original, _CHECKS, ()):
+    if tag in _checks_on(original):
         return
 
     @functools.wraps(original)
@@ -48,15 +50,21 @@ def check_at_config_build(
             raise
         return vllm_config
 
-    setattr(create_engine_config, _CHECKS, {*getattr(original, _CHECKS, ()), tag})
+    setattr(create_engine_config, _CHECKS, _checks_on(original) | {tag})
     engine_args_cls.create_engine_config = create_engine_config
+
+
+def _checks_on(hooked: Any) -> frozenset[str]:
+    """The tags of the checks `hooked` (vLLM's `create_engine_config` or `sys.excepthook`)
+    already runs: none unless one of our wrappers replaced it."""
+    return frozenset(getattr(hooked, _CHECKS, ()))
 
 
 def _end_in_one_line(
     tag: str, errors: tuple[type[BaseException], ...], report: Callable[[BaseException], str]
 ) -> None:
     previous = sys.excepthook
-    if tag in getattr(previous, _CHECKS, ()):
+    if tag in _checks_on(previous):
         return
 
     def excepthook(
@@ -67,5 +75,5 @@ def _end_in_one_line(
         else:
             previous(kind, error, tb)
 
-    setattr(excepthook, _CHECKS, {*getattr(previous, _CHECKS, ()), tag})
+    setattr(excepthook, _CHECKS, _checks_on(previous) | {tag})
     sys.excepthook = excepthook

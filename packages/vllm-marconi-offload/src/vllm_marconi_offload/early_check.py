@@ -3,20 +3,16 @@ starts the engine core and its workers.
 
 vLLM builds the connector only inside the engine core and the workers, after they have
 started (tens of seconds), and a bad key there surfaces as several worker and engine-core
-tracebacks. vLLM has no hook that sees the finished configuration earlier, so the plugin
-wraps `EngineArgs.create_engine_config`, the public method that every entry point
-(`vllm serve`, the OpenAI server, `LLM(...)`, `AsyncLLM`) calls to build it: a bad key
-then stops the program there, once, with our message. If nothing catches it (`vllm
-serve`, a script), the program ends with that message as one line on stderr, not a
-traceback: the first error a user sees names the key, the value and the accepted form.
+tracebacks. `install` hooks `check_vllm_config` into `EngineArgs.create_engine_config`
+through `vllm_kv_identity.early_check` (the hook memkv-vllm shares): a bad key then stops
+the program there, once, with our message. If nothing catches it (`vllm serve`, a
+script), the program ends with that message as one line on stderr, not a traceback: the
+first error a user sees names the key, the value and the accepted form.
 """
 
 from __future__ import annotations
 
-import functools
-import sys
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from kvpool_mmap import (
@@ -33,7 +29,6 @@ from .exit_cleanup import remove_l1_at_exit
 from .pool import anonymous_l1_dirs, anonymous_l1_root, engine_file_pattern
 
 CONNECTOR_NAME = "MarconiOffloadConnector"
-_WRAPPED = "_marconi_offload_checks_config"
 ONE_FLAG_ERROR = (
     '--kv-offloading-backend/--kv-offloading-size replace "kv_connector" with vLLM\'s own '
     "OffloadingConnector, which vllm_marconi_offload is not: drop those two flags and select "
@@ -130,43 +125,20 @@ def install() -> None:
     """Make `EngineArgs.create_engine_config` check our config, and the process that
     calls it remove the engine's L1 files at its exit (`exit_cleanup`; idempotent)."""
     from vllm.engine.arg_utils import EngineArgs
+    from vllm_kv_identity.early_check import check_at_config_build
 
-    original = EngineArgs.create_engine_config
-    if getattr(original, _WRAPPED, False):
-        return
-
-    @functools.wraps(original)
-    def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-        vllm_config = original(self, *args, **kwargs)
-        try:
-            config = check_vllm_config(vllm_config)
-        except ConfigError:
-            _report_in_one_line()
-            raise
-        if config is not None and config.cpu_pool_path:  # anonymous L1s lose their names
-            remove_l1_at_exit(Path(config.cpu_pool_path), engine_file_pattern(vllm_config, config))
-        return vllm_config
-
-    setattr(create_engine_config, _WRAPPED, True)
-    EngineArgs.create_engine_config = create_engine_config  # type: ignore[method-assign]
+    check_at_config_build(
+        EngineArgs, "vllm-marconi-offload", _check_and_clean_at_exit, (ConfigError,), _one_line
+    )
 
 
-def _report_in_one_line() -> None:
-    """Make an uncaught ConfigError end the program with one line on stderr (other
-    exceptions still go to the hook that was there)."""
-    previous = sys.excepthook
-    if getattr(previous, _WRAPPED, False):
-        return
+def _check_and_clean_at_exit(vllm_config: Any) -> None:
+    """`check_vllm_config`; a named L1 of ours is then removed at this process's exit
+    (anonymous L1s lose their names on their own)."""
+    config = check_vllm_config(vllm_config)
+    if config is not None and config.cpu_pool_path:
+        remove_l1_at_exit(Path(config.cpu_pool_path), engine_file_pattern(vllm_config, config))
 
-    def excepthook(
-        kind: type[BaseException], error: BaseException, tb: TracebackType | None
-    ) -> None:
-        if isinstance(error, ConfigError):
-            print(
-                f"ERROR {CONNECTOR_NAME}: bad kv_connector_extra_config: {error}", file=sys.stderr
-            )
-        else:
-            previous(kind, error, tb)
 
-    setattr(excepthook, _WRAPPED, True)
-    sys.excepthook = excepthook
+def _one_line(error: BaseException) -> str:
+    return f"ERROR {CONNECTOR_NAME}: bad kv_connector_extra_config: {error}"
