@@ -83,7 +83,8 @@ class ChainHeapPolicy(EvictionPolicy):
 
     # Slots, not an instance dict: CPython 3.11 shares a dict's keys among instances only
     # up to 30 attributes, and past that every attribute access on the hot path slows
-    # down (docs/benchmarks.md, issue 18). A subclass with many attributes declares its own.
+    # down (docs/benchmarks/history/cpu-eviction-step-rounds-2026-12-02.md). A subclass with
+    # many attributes declares its own.
     __slots__ = (
         "_children",
         "_compactions",
