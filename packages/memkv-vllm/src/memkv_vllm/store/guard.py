@@ -1,10 +1,14 @@
 """`MemberGuard`: deadlines and down/up health for a backend whose client has neither.
 
 Each call runs on the guard's own threads while the caller waits at most its deadline.
-The backend cannot cancel a call, so one that misses its deadline keeps running there
-("abandoned"); the member is then down: every call fails at once with
-`MemberUnavailableError` (no network), until every abandoned call has returned and the probe
-answers within the stall budget, tried on a background thread every `probe_interval_s`.
+The backend cannot cancel a running call, so one that misses its deadline keeps its
+thread (and `release` waits) until it returns ("abandoned"); one still queued for a thread
+is cancelled and never runs. The member is then down: every call fails at once with
+`MemberUnavailableError` (no network), until a fresh probe, tried on a background thread
+every `probe_interval_s`, answers within the stall budget, whether or not abandoned calls
+still hang (a backend's own timeouts may hold them long after the member is back).
+Threads are capped (`max_threads`, abandoned calls included): a call that finds none free
+waits in the queue, within its own deadline.
 A member another store of the engine found down (`.health_board`) is skipped the same way.
 Each transition is logged once, with the member's address. No vLLM import.
 """
@@ -27,7 +31,8 @@ __all__ = ["Call", "MemberGuard", "MemberUnavailableError"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
 T = TypeVar("T")
-MAX_THREADS = 64  # calls in flight, abandoned ones included (new calls stop once down)
+MAX_THREADS = 64  # default cap on calls running at once, abandoned ones included
+PROBE_INTERVAL_S = 0.5  # memkv-client's probe_interval_ms default
 
 
 class MemberUnavailableError(Exception):
@@ -64,8 +69,9 @@ class MemberGuard:
         what: str,
         probe: Callable[[], object],
         budget_s: float,
-        probe_interval_s: float = 0.5,
+        probe_interval_s: float = PROBE_INTERVAL_S,
         board: HealthBoard | None = None,
+        max_threads: int = MAX_THREADS,
     ) -> None:
         self.address = address
         self._what = what
@@ -73,9 +79,8 @@ class MemberGuard:
         self._budget = budget_s
         self._interval = probe_interval_s
         self._board = board or HealthBoard(None)
-        self._pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="memkv-guard")
+        self._pool = ThreadPoolExecutor(max_threads, thread_name_prefix="memkv-guard")
         self._lock = threading.Lock()
-        self._abandoned: set[Future[object]] = set()
         self._down_since: float | None = None
         self._closed = threading.Event()
         self.went_down = 0
@@ -108,9 +113,9 @@ class MemberGuard:
         """`call()`'s result if it returns within `deadline_s`; else `MemberUnavailableError`.
 
         `release` frees what the call owns (e.g. its staging buffer) once the call is
-        over: at once when the member is down (the call never starts), when an
-        abandoned call finally returns; a call that returned in time leaves it to the
-        caller.
+        over: at once when the call never starts (the member is down, or the call was
+        still queued at its deadline), when an abandoned call finally returns; a call
+        that returned in time leaves it to the caller.
         """
         return self.finish(self.start(op, call, deadline_s, release))
 
@@ -139,17 +144,12 @@ class MemberGuard:
             pass
         with self._lock:
             self.deadline_misses += 1
-            self._abandoned.add(call.future)  # type: ignore[arg-type]
-        call.future.add_done_callback(lambda f: self._finished(f, call.release))
+        call.future.cancel()  # still queued for a thread: it never runs
+        call.future.add_done_callback(lambda _: call.release())
         self._mark_down(f"{call.op} missed its {call.deadline_s:.2f} s deadline")
         raise MemberUnavailableError(self.address, True,
                                      f"{call.op} timed out after {call.deadline_s:.2f} s "
                                      f"({self._what})")  # fmt: skip
-
-    def _finished(self, future: Future[T], release: Callable[[], None]) -> None:
-        release()
-        with self._lock:
-            self._abandoned.discard(future)  # type: ignore[arg-type]
 
     def _mark_down(self, reason: str) -> None:
         with self._lock:
@@ -167,18 +167,12 @@ class MemberGuard:
     def _probe_until_up(self) -> None:
         probe: Future[object] | None = None
         while not self._closed.wait(self._interval):
-            with self._lock:
-                busy = bool(self._abandoned)
-            if busy:
-                continue  # a call still hangs in the member: it is not answering yet
-            if probe is None or probe.done():
-                probe = self._pool.submit(self._probe)
+            if probe is not None and not probe.done():
+                continue  # the last probe still hangs (or waits for a thread): no second one
+            probe = self._pool.submit(self._probe)
             try:
                 probe.result(timeout=self._budget)
-            except FutureTimeout:
-                continue  # the same probe is waited on again next round
-            except Exception:
-                probe = None
+            except Exception:  # it failed, or missed the budget (FutureTimeout)
                 continue
             with self._lock:
                 since = self._down_since or time.monotonic()

@@ -2,7 +2,7 @@
 
 Mooncake's client has no per-call deadline and cannot cancel a call, so every call runs
 under a `.guard.MemberGuard` (the stall budget): a member that misses a deadline is
-skipped until every abandoned call has returned and its probe answers. The members:
+skipped until its probe answers (calls abandoned meanwhile may still hang). The members:
 
 * the master (`exists`, deletes, records, and locating the replicas a get reads);
 * each store process holding data, by its transfer endpoint: a get asks the master where
