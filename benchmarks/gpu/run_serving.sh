@@ -14,6 +14,7 @@ out=${OUT:-/tmp}
 work=/tmp/serving-$tag
 rm -rf "$work"
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+case " $modes " in *" memkv "*) source ./memkv_entry_point.sh ;; esac
 # LMCache built by lmcache_build.sh (its CUDA extension against the image's torch)
 lmc=${LMC_TARGET:-/tmp/lmc}
 [ -d "$lmc" ] && export PYTHONPATH=$PYTHONPATH:$lmc

@@ -8,7 +8,7 @@ multi-turn benchmark's), production mode. Start-up is the time `LLM(...)` takes.
 With LENGTH, after a 512-token warm-up: the prompt computed cold; after 2 s (its stores
 settle) HBM_REPEATS requests of the same prompt, every block of it in vLLM's own cache;
 then CPU_REPEATS requests each after an HBM reset (served from the CPU tier).
-One request at a time, max_tokens=1. Usage: python startup_bench.py MODE GIB [LENGTH]
+One request at a time, max_tokens=1 (STARTUP_HBM_REPEATS, STARTUP_CPU_REPEATS: 7 and 5). Usage: python startup_bench.py MODE GIB [LENGTH]
 (writes $OUT/startup-MODE-GIB-TAG.json, TAG from $STARTUP_TAG, default 0).
 """
 
@@ -27,12 +27,15 @@ import repo_path
 from ttft_bench import prompt
 
 SCALE = 1 << 20 if model_8b.SMOKE else 1 << 30  # GIB means MiB for the smoke model
-HBM_REPEATS = 7
-CPU_REPEATS = 5
+HBM_REPEATS = int(os.environ.get("STARTUP_HBM_REPEATS", "7"))
+CPU_REPEATS = int(os.environ.get("STARTUP_CPU_REPEATS", "5"))
 
 
 def summary(times: list[float]) -> dict[str, Any]:
-    return {"median": statistics.median(times), "min": min(times), "max": max(times), "all": times}
+    ordered = sorted(times)
+    p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+    return {"median": statistics.median(times), "p90": p90, "min": ordered[0],
+            "max": ordered[-1], "all": times}  # fmt: skip
 
 
 def measure(llm: Any, length: int) -> dict[str, Any]:
@@ -84,6 +87,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "mode": mode,
         "cpu_gib": gib,
+        "load_mode": model_8b.LOAD_MODE or "default",
         "startup_s": round(time.time() - start, 1),
     }
     print("startup", json.dumps(result), flush=True)

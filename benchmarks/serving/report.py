@@ -17,6 +17,12 @@ COUNTERS = {
     "preemptions": "vllm:num_preemptions_total",
 }
 TIER_HITS = "vllm:marconi_offload_hit_tokens_total"
+# vLLM's per-request phase histograms: where a TTFT goes (waiting, then prefill) and decode.
+PHASES = {
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "decode": "vllm:request_decode_time_seconds",
+}
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -91,6 +97,17 @@ def hits(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     }
 
 
+def phases(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """Mean ms per request of each phase over the load, from vLLM's histograms' sum and count
+    deltas (queue: scheduled after arrival; prefill: first scheduled to first token)."""
+    means: dict[str, float | None] = {}
+    for phase, name in PHASES.items():
+        count = metric_sum(after, name + "_count") - metric_sum(before, name + "_count")
+        total = metric_sum(after, name + "_sum") - metric_sum(before, name + "_sum")
+        means[f"{phase}_mean_ms"] = round(1e3 * total / count, 1) if count else None
+    return means
+
+
 def outputs(load: Load) -> dict[str, list[int]]:
     """Generated token ids of each completed request, keyed `session/turn`."""
     return {f"{r.sid}/{r.turn}": r.tokens for r in load.records if r.e2e_s is not None}
@@ -125,6 +142,9 @@ COLUMNS = (
     ("out tok/s", "output_tokens_per_s", "{:.1f}"),
     ("req/s", "requests_per_s", "{:.2f}"),
     ("hit %", "hit_pct", "{:.1f}"),
+    ("queue", "queue_mean_ms", "{:.0f}"),
+    ("prefill", "prefill_mean_ms", "{:.0f}"),
+    ("preempt", "preemptions", "{}"),
     ("live/HBM", "live", "{}"),
     ("same as none", "same", "{}"),
     ("checks same", "verify_same", "{}"),
@@ -137,6 +157,8 @@ def row(result: dict[str, Any]) -> dict[str, Any]:
     hit = result["hits"]["hit_rate"]
     return {
         **result,
+        **result.get("phases", {}),
+        "preemptions": result["hits"].get("preemptions"),
         "rate": result["rate_label"],
         "hit_pct": None if hit is None else 100 * hit,
         "live": f"{live['mean_second_half']}x",
@@ -150,7 +172,7 @@ def _fraction(check: dict[str, Any] | None) -> str:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    """A fixed-width table of `results` (TTFT, ITL and E2E in ms)."""
+    """A fixed-width table of `results` (TTFT, ITL, E2E and mean queue and prefill in ms)."""
     cells = [
         [("-" if (v := row(r).get(key)) is None else fmt.format(v)) for _, key, fmt in COLUMNS]
         for r in results

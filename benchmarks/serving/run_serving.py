@@ -346,6 +346,7 @@ class Bench:
             "hbm_prefix_cache_reset": reset,
             **report.summarize(load, self.args.duration, self.hbm_tokens),
             "hits": report.hits(before, after),
+            "phases": report.phases(before, after),
             "server_flags": self.flags,
             "kv_transfer_config": modes.kv_transfer_config(mode, self.tiers),
             "workload": vars(self.shape),
