@@ -40,8 +40,8 @@ class Record:
 
 @dataclass
 class Load:
-    """A run's records, its span (start to the last token) and the live KV the sessions
-    held (sampled, tokens)."""
+    """A run's records, its span (start to the end of the last completed request) and the
+    live KV the sessions held (sampled, tokens)."""
 
     records: list[Record]
     wall_s: float
@@ -92,10 +92,9 @@ async def run(url: str, model: str, sessions: list[Session], stop_s: float, seed
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         sampler.cancel()
-    wall = max(  # the last token's arrival, cancelled requests' included
-        (r.sent_s + r.ttft_s + sum(r.gaps_s) for r in records if r.ttft_s is not None),
-        default=0.0,
-    )
+    # Completed requests only: a request cut at `stop_s` would stretch the span by however
+    # long it happened to run before the cut, which differs between modes by chance.
+    wall = max((r.sent_s + r.e2e_s for r in records if r.e2e_s is not None), default=0.0)
     cancelled = sum(1 for r in records if r.e2e_s is None and r.error is None)
     return Load(records, wall, samples, cancelled)
 

@@ -42,12 +42,13 @@ def _ms(value: float | None) -> float | None:
 
 def summarize(load: Load, duration_s: float, hbm_tokens: float) -> dict[str, Any]:
     """Latency percentiles of the completed requests (`cancelled` counts the others);
-    output tokens/s of every token that arrived; live KV against the HBM size."""
+    output tokens/s and requests/s of the completed requests over the time to the last one's
+    end; live KV against the HBM size."""
     done = [r for r in load.records if r.e2e_s is not None and r.ttft_s is not None]
     ttft = [r.ttft_s for r in done if r.ttft_s is not None]
     gaps = [g for r in done for g in r.gaps_s]
     e2e = [r.e2e_s for r in done if r.e2e_s is not None]
-    out_tokens = sum(len(r.tokens) for r in load.records)  # cancelled requests' too
+    out_tokens = sum(len(r.tokens) for r in done)
     steady = [n for t, n in load.live_tokens if duration_s / 2 <= t <= duration_s]
     prompt = sum(r.prompt_tokens for r in done)
     cached = [r.cached_tokens for r in done if r.cached_tokens is not None]
