@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from typing import Any
 
@@ -107,6 +108,53 @@ def phases(before: dict[str, float], after: dict[str, float]) -> dict[str, float
         total = metric_sum(after, name + "_sum") - metric_sum(before, name + "_sum")
         means[f"{phase}_mean_ms"] = round(1e3 * total / count, 1) if count else None
     return means
+
+
+def timeline(load: Load) -> list[dict[str, Any]]:
+    """Each completed request's times (`sent_s` from the load's start; the rest in ms) and
+    token counts, for analyses beyond the percentiles (`long_gaps`)."""
+    return [
+        {
+            "request": f"{r.sid}/{r.turn}",
+            "sent_s": round(r.sent_s, 4),
+            "ttft_ms": _ms(r.ttft_s),
+            "prompt_tokens": r.prompt_tokens,
+            "cached_tokens": r.cached_tokens,
+            "gaps_ms": [round(g * 1e3, 2) for g in r.gaps_s],
+        }
+        for r in load.records
+        if r.e2e_s is not None and r.ttft_s is not None
+    ]
+
+
+def long_gaps(requests: list[dict[str, Any]], threshold_ms: float) -> dict[str, Any]:
+    """Inter-token gaps of at least `threshold_ms` and what ran beside them: how many saw
+    another request's first token inside the gap (its prefill's last step was that step),
+    and those prefills' uncomputed prompt tokens (prompt - cached) per gap."""
+    firsts = sorted(
+        (r["sent_s"] + r["ttft_ms"] / 1e3, r["prompt_tokens"] - (r["cached_tokens"] or 0))
+        for r in requests
+    )
+    times = [t for t, _ in firsts]
+    count = with_prefill = 0
+    prefilled: list[int] = []
+    for r in requests:
+        end = r["sent_s"] + r["ttft_ms"] / 1e3
+        for gap in r["gaps_ms"]:
+            begin, end = end, end + gap / 1e3
+            if gap < threshold_ms:
+                continue
+            count += 1
+            inside = firsts[bisect.bisect_right(times, begin) : bisect.bisect_right(times, end)]
+            if inside:
+                with_prefill += 1
+                prefilled.append(sum(tokens for _, tokens in inside))
+    return {
+        "threshold_ms": round(threshold_ms, 1),
+        "gaps": count,
+        "with_a_prefill_done": with_prefill,
+        "computed_prompt_tokens_mean": round(statistics.mean(prefilled)) if prefilled else None,
+    }
 
 
 def outputs(load: Load) -> dict[str, list[int]]:

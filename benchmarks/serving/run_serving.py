@@ -352,6 +352,7 @@ class Bench:
             "workload": vars(self.shape),
             "seed": rate.seed,
             "outputs": report.outputs(load),
+            "requests": report.timeline(load),
             "verify_outputs": verify,
         }
         (self.out / f"serving-{rate.label}-{mode}.json").write_text(json.dumps(result, indent=1))
@@ -414,10 +415,21 @@ def summarize(folders: list[Path], out: Path) -> list[dict[str, Any]]:
         result["verify_identical_to_none"] = report.compare(
             result["verify_outputs"], reference["verify_outputs"]
         )
-    brief = [{k: v for k, v in r.items() if k not in ("outputs", "verify_outputs")} for r in rows]
+    gaps = []
+    for result in rows:
+        if result.get("requests") and result["itl_p99"] is not None:
+            result["long_gaps"] = found = report.long_gaps(result["requests"], result["itl_p99"])
+            share = found["with_a_prefill_done"] / found["gaps"] if found["gaps"] else 0.0
+            gaps.append(
+                f"{result['rate_label']} {result['mode']}: {found['gaps']} gaps >= ITL p99 "
+                f"({found['threshold_ms']} ms), {share:.0%} with another request's prefill "
+                f"done inside (mean {found['computed_prompt_tokens_mean']} tokens computed)"
+            )
+    skip = ("outputs", "verify_outputs", "requests")
+    brief = [{k: v for k, v in r.items() if k not in skip} for r in rows]
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(brief, indent=1))
-    text = report.table(rows)
+    text = "\n".join([report.table(rows), "", *gaps])
     (out / "summary.txt").write_text(text + "\n")
     print("\n" + text, flush=True)
     return rows
