@@ -98,6 +98,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--modes", default=",".join(modes.MODES))
     p.add_argument("--rates", help="session arrival rates per second, comma-separated")
     p.add_argument("--overflow", help="live KV over HBM KV per rate, comma-separated")
+    p.add_argument("--only-rates", help="labels of the planned rates to play (r2,r3: not r1)")
     p.add_argument("--turn-s", type=float, help="estimated response time for --overflow")
     p.add_argument("--duration", type=float, help="seconds of session arrivals per rate")
     p.add_argument("--drain", type=float, help="seconds after arrivals end before giving up")
@@ -219,9 +220,15 @@ def plan_rates(args: argparse.Namespace, shape: workload.Shape, kv_per_token: in
         ]
     else:
         raise SystemExit("give --rates or --overflow")
-    return [
+    rates = [
         Rate(f"r{i}", per_s, factor, args.seed + i) for i, (per_s, factor) in enumerate(planned, 1)
     ]
+    if not args.only_rates:
+        return rates
+    wanted = set(args.only_rates.split(","))
+    if unknown := wanted - {rate.label for rate in rates}:
+        raise SystemExit(f"--only-rates: no rate {sorted(unknown)}; planned: r1-r{len(rates)}")
+    return [rate for rate in rates if rate.label in wanted]
 
 
 def on_cpu() -> bool:
