@@ -13,13 +13,20 @@ Usage: python chaos_engine.py SPEC.json. Two modes:
   `<folder>/stop` exists or `SPEC["max_serve_s"]` has passed. Each call appends one JSON
   line to `<folder>/calls.jsonl` as it ends (flushed: a SIGKILLed engine leaves every call
   it finished): request index, cycle, start and end on the system's monotonic clock
-  (comparable across processes), tokens, `num_cached_tokens`. With `SPEC["warmup"]`, one
-  call on a prompt outside the workload comes first (vLLM's first call is slow).
+  (comparable across processes), tokens, `num_cached_tokens`, and of the calling thread
+  (it runs the model and the connector): `cpu_s` on a CPU and `cpu_wait_s` runnable but
+  waiting for a CPU held by other processes (the kernel's schedstat; 0 where it keeps
+  none). The rest of a call's time that thread was blocked (sleeping, I/O, page faults),
+  or the hypervisor ran other machines' work on this one's CPUs: `steal_s`, the machine's
+  steal time over the call (all its CPUs together, 10 ms steps).
+  With `SPEC["warmup"]`, one call on a prompt outside the workload comes first (vLLM's
+  first call is slow).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,6 +37,25 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "tools")]
 
 import tiny_model  # noqa: E402
 from chaos_workload import BLOCK, REPLY_TOKENS, Workload, build  # noqa: E402
+
+SCHEDSTAT = Path("/proc/thread-self/schedstat")  # cpu ns, run-delay ns, timeslices
+
+
+def schedstat() -> tuple[float, float]:
+    """This thread's total time on a CPU and waiting for one (seconds); 0s where the
+    kernel keeps none."""
+    try:
+        on_cpu, waiting = SCHEDSTAT.read_text().split()[:2]
+    except OSError:
+        return 0.0, 0.0
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
+def steal_s() -> float:
+    """The machine's steal time so far (seconds, all CPUs), from /proc/stat."""
+    with open("/proc/stat") as stat:
+        fields = stat.readline().split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
 
 
 def make_llm(spec: dict[str, Any]) -> Any:
@@ -74,12 +100,14 @@ def main(spec: dict[str, Any]) -> None:
             for index, prompt in enumerate(workload.prompts):
                 if stop.exists():
                     return
-                t0 = time.monotonic()
+                (c0, w0), s0, t0 = schedstat(), steal_s(), time.monotonic()
                 out = generate(prompt)
-                t1 = time.monotonic()
+                t1, (c1, w1), s1 = time.monotonic(), schedstat(), steal_s()
                 record = {"index": index, "cycle": cycle, "t0": t0, "t1": t1,
                           "tokens": list(out.outputs[0].token_ids),
-                          "cached": out.num_cached_tokens or 0}  # fmt: skip
+                          "cached": out.num_cached_tokens or 0,
+                          "cpu_s": c1 - c0, "cpu_wait_s": w1 - w0,
+                          "steal_s": s1 - s0}  # fmt: skip
                 calls.write(json.dumps(record) + "\n")
                 calls.flush()
 

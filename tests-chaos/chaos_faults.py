@@ -1,7 +1,8 @@
 """The chaos run's seeded fault injector: one fault at a time on real processes.
 
 A fault is `stop` (SIGSTOP, held, then SIGCONT) or `kill` (SIGKILL, held down, then the
-process is started again, on the same address where it has one). Faults go through every
+process is started again, on the same address where it has one, holding no value: every
+target here keeps its values in memory only). Faults go through every
 (target, kind) pair in a shuffled order, then again in another, so a short run meets each
 kind; the order, how long each is held and the gap before the next come from one
 `random.Random(seed)`. Times are on the system's monotonic clock, the one the engines'
@@ -39,6 +40,7 @@ class Fault:
     target: str
     start: float  # signal sent, or filesystem full (monotonic)
     recovered: float  # SIGCONT sent, the restarted process serves again, or space freed
+    empty: bool = False  # the process came back without the values it held
 
     @property
     def label(self) -> str:
@@ -88,7 +90,7 @@ class Injector:
             os.kill(pid, signal.SIGKILL)
             time.sleep(hold)
             target.restart()
-        return Fault(kind, target.name, start, time.monotonic())
+        return Fault(kind, target.name, start, time.monotonic(), empty=kind == "kill")
 
     def resume_all(self) -> None:
         for pid in list(self.stopped):

@@ -11,8 +11,9 @@ hit what they depend on:
   the same L1/L2 directories while the filesystem is still full, and the space freed.
 
 Each scenario checks `chaos_report.Outcome`'s contract (identical tokens, each call within
-its no-fault latency + one stall budget, hits within 2 s of recovery, no traceback) and
-that no process it started survives it. The summary is printed at the end of the run.
+its no-fault time + one stall budget, none for the connector, whose calls touch no network
+member; hits within 2 s of recovery; no traceback) and that no process it started
+survives it. The summary is printed at the end of the run.
 """
 
 from __future__ import annotations
@@ -216,7 +217,8 @@ def test_connector_killed_mid_store_and_l2_filesystem_full(
         second = EngineProcess({**spec, "calibration_cycles": 0, "warmup": True,
                                 "max_serve_s": half + 120}, tmp_path / "engine-2",
                                engine_env())  # fmt: skip
-        faults.append(Fault("kill", "connector engine", killed, second.wait_ready()))
+        faults.append(Fault("kill", "connector engine", killed, second.wait_ready(),
+                            empty=False))  # fmt: skip
         time.sleep(half / 2)
         if full_since is not None:
             filler.unlink()
@@ -242,7 +244,7 @@ def test_connector_killed_mid_store_and_l2_filesystem_full(
     if left := session_members(pids):
         failures.append(f"left running: {left}")
     outcome = Outcome(
-        "vllm-marconi-offload, L1 + L2", workload, BUDGET_S, fault_free,
+        "vllm-marconi-offload, L1 + L2", workload, 0.0, fault_free,
         calls[len(fault_free) :] + (second.calls() if second else []), faults,
         {"engine-2 log": restarted}, notes=notes, failures=failures,
     )  # fmt: skip
