@@ -5,11 +5,12 @@ The contract checked (`Outcome.problems`, empty when it holds):
 
 * every call's tokens equal the no-offload reference reply;
 * every call under faults ends within its no-fault time (the same request's call in the
-  last fault-free cycle) + one stall budget (none where the calls touch no network member:
-  `budget_s` 0) + the machine's noise (`MIN_TOLERANCE_S`). A call's time here is its own:
-  its latency less `cpu_wait_s`, the time the engine's calling thread was runnable but
-  waited for a CPU held by other processes (the kernel's run delay; a wait on a stopped
-  member sleeps, so it is never subtracted);
+  last fault-free cycle) + one stall budget + the machine's noise (`MIN_TOLERANCE_S`). A
+  call's time is its latency where there is a budget: a call that waits on a member spins
+  in vLLM's engine loop meanwhile, so its waits for a CPU cannot be told from the stall.
+  A scenario whose calls touch no network member has no budget (`budget_s` 0), and its
+  call's time is the latency less `cpu_wait_s`: the time the calling thread was runnable
+  but waited for a CPU held by other processes (the kernel's run delay);
 * after each fault's recovery the first hit (a call served at least the shared system
   prompt from the tier) starts within `RECOVER_S` plus the same noise allowance. It is
   counted from the recovery (SIGCONT sent, the restarted process serving), except after a
@@ -91,10 +92,10 @@ class Outcome:
     def latency(call: dict[str, Any]) -> float:
         return float(call["t1"] - call["t0"])
 
-    @classmethod
-    def own(cls, call: dict[str, Any]) -> float:
-        """The call's latency less the time it waited for a CPU held by other processes."""
-        return cls.latency(call) - float(call.get("cpu_wait_s", 0.0))
+    def own(self, call: dict[str, Any]) -> float:
+        """The call's time the bound applies to (see the module docstring)."""
+        waited = 0.0 if self.budget_s else float(call.get("cpu_wait_s", 0.0))
+        return self.latency(call) - waited
 
     def bound(self, call: dict[str, Any]) -> float:
         return self.no_fault[call["index"]] + self.budget_s + self.tolerance_s
@@ -153,10 +154,10 @@ class Outcome:
         for c in self.calls:
             if self.own(c) > self.bound(c):
                 found.append(f"{self.name}: request {c['index']} (cycle {c['cycle']}) took "
-                             f"{self.own(c):.2f} s (latency {self.latency(c):.2f} s less "
-                             f"{c.get('cpu_wait_s', 0.0):.2f} s waiting for a CPU) > bound "
-                             f"{self.bound(c):.2f} s (no-fault {self.no_fault[c['index']]:.2f} "
-                             f"s); during {self.during(c)}")  # fmt: skip
+                             f"{self.own(c):.2f} s > bound {self.bound(c):.2f} s (no-fault "
+                             f"{self.no_fault[c['index']]:.2f} s; latency {self.latency(c):.2f} "
+                             f"s: on a CPU {c.get('cpu_s', 0.0):.2f} s, waiting for one "
+                             f"{c.get('cpu_wait_s', 0.0):.2f} s); during {self.during(c)}")  # fmt: skip
         for r in self.recoveries():
             if r.interrupted or (r.took is not None and r.took <= self.limit_s()):
                 continue
@@ -179,6 +180,7 @@ class Outcome:
         recoveries = self.recoveries()
         took = [r.took for r in recoveries if r.took is not None]
         p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+        checked = "latency" if self.budget_s else "latency less that wait"
         waits_s = sum(c.get("cpu_wait_s", 0.0) for c in self.calls)
         waited = ("no stall budget (no network member)" if not self.budget_s else
                   f"{sum(self.waits())} (at most {max(self.waits(), default=0)} per fault)")  # fmt: skip
@@ -191,8 +193,8 @@ class Outcome:
             f"{worst.get('cpu_s', 0.0):.2f} s, waiting for one {worst.get('cpu_wait_s', 0.0):.2f}"
             f" s, steal {worst.get('steal_s', 0.0):.2f} s, during {self.during(worst)})",
             f"  waiting for a CPU held by other processes: {waits_s:.1f} s in all, at most "
-            f"{max(c.get('cpu_wait_s', 0.0) for c in self.calls):.2f} s in one call; worst own "
-            f"time (latency less that wait) {self.own(mine):.2f} s (its no-fault "
+            f"{max(c.get('cpu_wait_s', 0.0) for c in self.calls):.2f} s in one call; worst "
+            f"checked time ({checked}) {self.own(mine):.2f} s (its no-fault "
             f"{self.no_fault[mine['index']]:.2f} s, bound {self.bound(mine):.2f} s with "
             f"{self.tolerance_s:.2f} s noise, during {self.during(mine)})",
             f"  calls that waited about a budget: {waited}",
