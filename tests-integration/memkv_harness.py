@@ -10,8 +10,11 @@ sitecustomize, and `scaffold/` (the CPU copy worker for vLLM's primary CPU tier)
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,13 +117,24 @@ def stall_phases(stop: list[int], stop_after_hit: list[int], kill: int) -> list[
 
 
 def run_stall_engine(
-    spec: dict[str, Any], folder: Path, env: dict[str, str]
+    spec: dict[str, Any],
+    folder: Path,
+    env: dict[str, str],
+    stopped: Sequence[int],
+    cleanup: Callable[[], object],
 ) -> tuple[list[dict[str, Any]], str]:
+    """The stall driver's results and log for `spec`, whose phases signal the processes
+    `stopped`; whatever happens, each of them is resumed (SIGCONT) and `cleanup` runs."""
     (folder / "spec.json").write_text(json.dumps(spec))
     log = folder / "engine.log"
-    with log.open("wb") as out:
-        code = subprocess.call([sys.executable, str(STALL_DRIVER), str(folder / "spec.json")],
-                               stdout=out, stderr=subprocess.STDOUT, env=env, timeout=900)  # fmt: skip
+    try:
+        with log.open("wb") as out:
+            code = subprocess.call([sys.executable, str(STALL_DRIVER), str(folder / "spec.json")],
+                                   stdout=out, stderr=subprocess.STDOUT, env=env, timeout=900)  # fmt: skip
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        cleanup()
     text = log.read_text(errors="replace")
     assert code == 0, text[-6000:]
     line = [x for x in text.splitlines() if x.startswith("RESULT ")][-1]

@@ -5,8 +5,6 @@ mount the memory; the vLLM engines are pure clients (`mooncake_segment_mb` 0).""
 from __future__ import annotations
 
 import importlib.util
-import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,14 +158,11 @@ def test_mooncake_master_or_stores_stopped_never_stall_the_engine(
     cluster = MooncakeCluster(tmp_path, stores=3, segment_mb=16, client_ttl_s=10).start()
     assert cluster.master is not None
     master, stores = cluster.master.pid, [p.pid for p in cluster.segments]
-    try:
-        spec = {"model": tiny_llama, "kv_transfer_config": direct_config(),
-                "phases": stall_phases([master], stores, stores[0])}  # fmt: skip
-        results, log = run_stall_engine(spec, tmp_path, engine_env(**cluster.env()))
-    finally:
-        for pid in [master, *stores]:
-            os.kill(pid, signal.SIGCONT)
-        cluster.stop()
+    spec = {"model": tiny_llama, "kv_transfer_config": direct_config(),
+            "phases": stall_phases([master], stores, stores[0])}  # fmt: skip
+    results, log = run_stall_engine(
+        spec, tmp_path, engine_env(**cluster.env()), [master, *stores], cluster.stop
+    )
     check_stalls([r for r in results if r["calls"]], memkv_baseline, STALL_NAMES)
     assert "timed out or is down" in log
 
@@ -180,13 +175,10 @@ def test_mooncake_master_then_a_store_stopped_cost_one_budget_each(
     cluster = MooncakeCluster(tmp_path, stores=3, segment_mb=16, client_ttl_s=120).start()
     assert cluster.master is not None
     master, store = cluster.master.pid, cluster.segments[0].pid
-    try:
-        spec = {"model": tiny_llama, "kv_transfer_config": direct_config(),
-                "phases": one_stop_phases([master, store])}  # fmt: skip
-        results, log = run_stall_engine(spec, tmp_path, engine_env(**cluster.env()))
-    finally:
-        for pid in (master, store):
-            os.kill(pid, signal.SIGCONT)
-        cluster.stop()
+    spec = {"model": tiny_llama, "kv_transfer_config": direct_config(),
+            "phases": one_stop_phases([master, store])}  # fmt: skip
+    results, log = run_stall_engine(
+        spec, tmp_path, engine_env(**cluster.env()), [master, store], cluster.stop
+    )
     check_one_budget_per_stop(results, memkv_baseline)
     assert "register_buffer" not in log

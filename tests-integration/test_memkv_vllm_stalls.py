@@ -13,8 +13,6 @@ member itself and times each `generate` call, the longest scheduler step and for
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -42,16 +40,12 @@ def test_memkv_member_stopped_or_killed_never_stalls_the_engine(
     server = MemKVServer(tmp_path / "memkv.log").start()
     assert server.proc is not None
     pid = server.proc.pid
-    try:
-        spec = {"model": tiny_llama, "phases": stall_phases([pid], [pid], pid)}
-        if mode == "direct":
-            spec["kv_transfer_config"] = direct_config()
-        else:  # the CPU pool is emptied before every round: the hits come from MemKV
-            spec.update(kv_transfer_config=tier_config(), reset_connector=True)
-        results, log = run_stall_engine(spec, tmp_path, engine_env(**server.env()))
-    finally:
-        os.kill(pid, signal.SIGCONT)
-        server.stop()
+    spec = {"model": tiny_llama, "phases": stall_phases([pid], [pid], pid)}
+    if mode == "direct":
+        spec["kv_transfer_config"] = direct_config()
+    else:  # the CPU pool is emptied before every round: the hits come from MemKV
+        spec.update(kv_transfer_config=tier_config(), reset_connector=True)
+    results, log = run_stall_engine(spec, tmp_path, engine_env(**server.env()), [pid], server.stop)
     check_stalls([r for r in results if r["calls"]], memkv_baseline, STALL_NAMES)
     assert "timed out or is down" in log  # a timeout of the member, not "vanished"
     assert "vanished" not in log
@@ -63,12 +57,8 @@ def test_memkv_one_stop_costs_the_direct_engine_one_budget(
     server = MemKVServer(tmp_path / "memkv.log").start()
     assert server.proc is not None
     pid = server.proc.pid
-    try:
-        spec = {"model": tiny_llama, "kv_transfer_config": direct_config(),
-                "phases": one_stop_phases([pid])}  # fmt: skip
-        results, log = run_stall_engine(spec, tmp_path, engine_env(**server.env()))
-    finally:
-        os.kill(pid, signal.SIGCONT)
-        server.stop()
+    spec = {"model": tiny_llama, "kv_transfer_config": direct_config(),
+            "phases": one_stop_phases([pid])}  # fmt: skip
+    results, log = run_stall_engine(spec, tmp_path, engine_env(**server.env()), [pid], server.stop)
     check_one_budget_per_stop(results, memkv_baseline)
     assert "timed out or is down" in log
