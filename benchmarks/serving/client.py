@@ -82,9 +82,10 @@ async def run(url: str, model: str, sessions: list[Session], stop_s: float, seed
             live.pop(session.sid, None)
 
     timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
-    async with aiohttp.ClientSession(
-        timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
-    ) as http:
+    # A fresh connection per request: reusing one the server closed after its keep-alive
+    # (uvicorn: 5 s, shorter than some think times) fails the request before it is sent.
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         sampler = asyncio.create_task(sample())
         tasks = [asyncio.create_task(play(http, s)) for s in sessions]
         _, pending = await asyncio.wait(tasks, timeout=stop_s)
