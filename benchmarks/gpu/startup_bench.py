@@ -56,19 +56,20 @@ def measure(llm: Any, length: int) -> dict[str, Any]:
     result: dict[str, Any] = {}
     result["cold_ms"], _ = ttft(ids)
     time.sleep(2.0)
-    hbm, cpu = [], []
+    hbm, cpu, resets = [], [], []
     for _ in range(HBM_REPEATS):
         ms, result["hbm_cached"] = ttft(ids)
         hbm.append(ms)
         time.sleep(0.2)
     for _ in range(CPU_REPEATS):
         time.sleep(0.5)  # lets in-flight stores commit
-        llm.reset_prefix_cache()
+        resets.append(bool(llm.reset_prefix_cache()))  # False: HBM kept its blocks
         time.sleep(0.2)
         ms, result["cpu_cached"] = ttft(ids)
         cpu.append(ms)
     result["hbm_hit_ms"] = summary(hbm)
     result["cpu_hit_ms"] = summary(cpu)
+    result["hbm_resets_done"] = f"{sum(resets)}/{len(resets)}"
     return result
 
 

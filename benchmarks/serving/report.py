@@ -127,32 +127,43 @@ def timeline(load: Load) -> list[dict[str, Any]]:
     ]
 
 
+STEP_JITTER_S = 0.005
+"""Chunks of one engine step reach the client up to a few ms apart (one stream each)."""
+
+
 def long_gaps(requests: list[dict[str, Any]], threshold_ms: float) -> dict[str, Any]:
-    """Inter-token gaps of at least `threshold_ms` and what ran beside them: how many saw
-    another request's first token inside the gap (its prefill's last step was that step),
-    and those prefills' uncomputed prompt tokens (prompt - cached) per gap."""
+    """The engine steps behind inter-token gaps of at least `threshold_ms` (gaps ending
+    within 10 ms of each other are one step, seen by every running request) and what ran
+    in them: how many steps saw another request's first token (its prefill's last chunk
+    ran in that step), and those prefills' uncomputed prompt tokens (prompt - cached)."""
     firsts = sorted(
         (r["sent_s"] + r["ttft_ms"] / 1e3, r["prompt_tokens"] - (r["cached_tokens"] or 0))
         for r in requests
     )
     times = [t for t, _ in firsts]
-    count = with_prefill = 0
-    prefilled: list[int] = []
+    slow: list[tuple[float, float]] = []  # (end, begin) of each gap at or above the threshold
     for r in requests:
         end = r["sent_s"] + r["ttft_ms"] / 1e3
         for gap in r["gaps_ms"]:
             begin, end = end, end + gap / 1e3
-            if gap < threshold_ms:
-                continue
-            count += 1
-            inside = firsts[bisect.bisect_right(times, begin) : bisect.bisect_right(times, end)]
-            if inside:
-                with_prefill += 1
-                prefilled.append(sum(tokens for _, tokens in inside))
+            if gap >= threshold_ms:
+                slow.append((end, begin))
+    steps: list[tuple[float, float]] = []
+    for end, begin in sorted(slow):
+        if not steps or end - steps[-1][0] > 2 * STEP_JITTER_S:
+            steps.append((end, begin))
+    prefilled = []
+    for end, begin in steps:
+        inside = firsts[
+            bisect.bisect_left(times, begin) : bisect.bisect_right(times, end + STEP_JITTER_S)
+        ]
+        if inside:
+            prefilled.append(sum(tokens for _, tokens in inside))
     return {
         "threshold_ms": round(threshold_ms, 1),
-        "gaps": count,
-        "with_a_prefill_done": with_prefill,
+        "gaps": len(slow),
+        "steps": len(steps),
+        "steps_with_a_prefill_done": len(prefilled),
         "computed_prompt_tokens_mean": round(statistics.mean(prefilled)) if prefilled else None,
     }
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import os
 import shlex
@@ -404,13 +405,15 @@ def reset_prefix_cache(server: VllmServer, tries: int = 20) -> bool:
 
 
 def summarize(folders: list[Path], out: Path) -> list[dict[str, Any]]:
-    """Every `serving-*.json` in `folders` (the first wins for a mode and rate), each
+    """Every `serving-*.json` (or `.json.gz`) in `folders` (the first wins for a mode and rate), each
     compared with its rate's `none` run; writes `summary.json` and `summary.txt` to `out`
     and prints the table."""
     results: dict[tuple[str, str], dict[str, Any]] = {}
     for folder in folders:
-        for path in sorted(folder.glob("serving-r*-*.json")):
-            result = json.loads(path.read_text())
+        for path in sorted(folder.glob("serving-r*-*.json*")):  # .json or .json.gz
+            opener = gzip.open if path.suffix == ".gz" else open
+            with opener(path, "rt") as f:
+                result = json.load(f)
             results.setdefault((result["rate_label"], result["mode"]), result)
     order = {mode: i for i, mode in enumerate(modes.MODES)}
     rows = sorted(results.values(), key=lambda r: (r["rate_label"], order[r["mode"]]))
@@ -422,15 +425,15 @@ def summarize(folders: list[Path], out: Path) -> list[dict[str, Any]]:
         result["verify_identical_to_none"] = report.compare(
             result["verify_outputs"], reference["verify_outputs"]
         )
-    gaps = []
+    gaps: list[str] = []
     for result in rows:
         if result.get("requests") and result["itl_p99"] is not None:
             result["long_gaps"] = found = report.long_gaps(result["requests"], result["itl_p99"])
-            share = found["with_a_prefill_done"] / found["gaps"] if found["gaps"] else 0.0
             gaps.append(
                 f"{result['rate_label']} {result['mode']}: {found['gaps']} gaps >= ITL p99 "
-                f"({found['threshold_ms']} ms), {share:.0%} with another request's prefill "
-                f"done inside (mean {found['computed_prompt_tokens_mean']} tokens computed)"
+                f"({found['threshold_ms']} ms) in {found['steps']} steps, "
+                f"{found['steps_with_a_prefill_done']} of them finishing another request's "
+                f"prefill (mean {found['computed_prompt_tokens_mean']} tokens computed)"
             )
     skip = ("outputs", "verify_outputs", "requests")
     brief = [{k: v for k, v in r.items() if k not in skip} for r in rows]
