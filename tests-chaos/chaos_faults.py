@@ -2,7 +2,10 @@
 
 A fault is `stop` (SIGSTOP, held, then SIGCONT) or `kill` (SIGKILL, held down, then the
 process is started again, on the same address where it has one, holding no value: every
-target here keeps its values in memory only). Faults go through every
+target here keeps its values in memory only). A stop comes back empty too when it outlasts
+the target's `loses_values_after_s` (a Mooncake master unmounts a store process silent for
+longer than its client TTL, and expires every store's segment after a stop of its own that
+long). Faults go through every
 (target, kind) pair in a shuffled order, then again in another, so a short run meets each
 kind; the order, how long each is held and the gap before the next come from one
 `random.Random(seed)`. Times are on the system's monotonic clock, the one the engines'
@@ -32,6 +35,7 @@ class Target:
     pid: Callable[[], int]
     restart: Callable[[], None]
     kinds: tuple[str, ...] = ("stop", "kill")
+    loses_values_after_s: float | None = None  # a longer stop loses what it held
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,10 @@ class Injector:
             os.kill(pid, signal.SIGKILL)
             time.sleep(hold)
             target.restart()
-        return Fault(kind, target.name, start, time.monotonic(), empty=kind == "kill")
+        recovered = time.monotonic()
+        lost = target.loses_values_after_s
+        empty = kind == "kill" or (lost is not None and recovered - start > lost)
+        return Fault(kind, target.name, start, recovered, empty=empty)
 
     def resume_all(self) -> None:
         for pid in list(self.stopped):

@@ -14,7 +14,8 @@ The contract checked (`Outcome.problems`, empty when it holds):
 * after each fault's recovery the first hit (a call served at least the shared system
   prompt from the tier) starts within `RECOVER_S` plus the same noise allowance. It is
   counted from the recovery (SIGCONT sent, the restarted process serving), except after a
-  restart that came back empty: no hit on the blocks it held is possible until they are
+  restart, or a stop outlasting what the backend keeps a silent member for, that came back
+  empty: no hit on the blocks it held is possible until they are
   stored again, which the first call that starts after the restart does as it ends, so it
   is counted from that call's end (or from the recovery when that call already hit). A
   measurement the next fault cuts short before its limit is reported as interrupted, not

@@ -156,9 +156,10 @@ def test_mooncake_direct_over_master_and_two_stores(
     try:
         cluster.start()
         started += [p for p in [cluster.master, *cluster.segments] if p is not None]
-        targets = [Target("Mooncake master", master, restart_master)] + [
+        ttl = cluster.client_ttl_s  # a longer stop unmounts (store) or expires (master) segments
+        targets = [Target("Mooncake master", master, restart_master, loses_values_after_s=ttl)] + [
             Target(f"Mooncake store {i}", lambda i=i: cluster.segments[i].pid,
-                   lambda i=i: restart_store(i))
+                   lambda i=i: restart_store(i), loses_values_after_s=ttl)
             for i in range(2)
         ]  # fmt: skip
         spec = {"model": tiny_llama, "kv_cache_memory_bytes": KV_CACHE_MEMORY_BYTES,
