@@ -183,8 +183,9 @@ class Outcome:
         p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
         checked = "latency" if self.budget_s else "latency less that wait"
         waits_s = sum(c.get("cpu_wait_s", 0.0) for c in self.calls)
+        per_fault = self.waits()
         waited = ("no stall budget (no network member)" if not self.budget_s else
-                  f"{sum(self.waits())} (at most {max(self.waits(), default=0)} per fault)")  # fmt: skip
+                  f"{sum(per_fault)} (at most {max(per_fault, default=0)} per fault)")  # fmt: skip
         lines = [
             f"{self.name}: {len(self.faults)} faults ("
             + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) + ")",

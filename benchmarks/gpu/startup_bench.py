@@ -8,7 +8,8 @@ multi-turn benchmark's), production mode. Start-up is the time `LLM(...)` takes.
 With LENGTH, after a 512-token warm-up: the prompt computed cold; after 2 s (its stores
 settle) HBM_REPEATS requests of the same prompt, every block of it in vLLM's own cache;
 then CPU_REPEATS requests each after an HBM reset (served from the CPU tier).
-One request at a time, max_tokens=1 (STARTUP_HBM_REPEATS, STARTUP_CPU_REPEATS: 7 and 5). Usage: python startup_bench.py MODE GIB [LENGTH]
+One request at a time, max_tokens=1; STARTUP_HBM_REPEATS and STARTUP_CPU_REPEATS (7, 5).
+Usage: python startup_bench.py MODE GIB [LENGTH]
 (writes $OUT/startup-MODE-GIB-TAG.json, TAG from $STARTUP_TAG, default 0).
 """
 

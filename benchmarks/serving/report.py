@@ -6,7 +6,7 @@ import bisect
 import statistics
 from typing import Any
 
-from client import Load
+from client import Load, Record
 from vllm_server import metric_sum
 
 # vLLM's counters (prompt tokens looked up / found) and vllm-marconi-offload's per-tier hits.
@@ -41,11 +41,16 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1e3, 2)
 
 
+def completed(load: Load) -> list[Record]:
+    """The requests of `load` that ended (a first token and a last one) before its stop."""
+    return [r for r in load.records if r.e2e_s is not None and r.ttft_s is not None]
+
+
 def summarize(load: Load, duration_s: float, hbm_tokens: float) -> dict[str, Any]:
     """Latency percentiles of the completed requests (`cancelled` counts the others);
     output tokens/s and requests/s of the completed requests over the time to the last one's
     end; live KV against the HBM size."""
-    done = [r for r in load.records if r.e2e_s is not None and r.ttft_s is not None]
+    done = completed(load)
     ttft = [r.ttft_s for r in done if r.ttft_s is not None]
     gaps = [g for r in done for g in r.gaps_s]
     e2e = [r.e2e_s for r in done if r.e2e_s is not None]
@@ -122,8 +127,7 @@ def timeline(load: Load) -> list[dict[str, Any]]:
             "cached_tokens": r.cached_tokens,
             "gaps_ms": [round(g * 1e3, 2) for g in r.gaps_s],
         }
-        for r in load.records
-        if r.e2e_s is not None and r.ttft_s is not None
+        for r in completed(load)
     ]
 
 

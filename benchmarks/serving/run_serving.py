@@ -405,9 +405,9 @@ def reset_prefix_cache(server: VllmServer, tries: int = 20) -> bool:
 
 
 def summarize(folders: list[Path], out: Path) -> list[dict[str, Any]]:
-    """Every `serving-*.json` (or `.json.gz`) in `folders` (the first wins for a mode and rate), each
-    compared with its rate's `none` run; writes `summary.json` and `summary.txt` to `out`
-    and prints the table."""
+    """Every `serving-*.json` (or `.json.gz`) in `folders` (the first wins for a mode and
+    rate), each compared with its rate's `none` run; writes `summary.json` and `summary.txt`
+    to `out` and prints the table and the slow steps behind each run's ITL p99."""
     results: dict[tuple[str, str], dict[str, Any]] = {}
     for folder in folders:
         for path in sorted(folder.glob("serving-r*-*.json*")):  # .json or .json.gz
