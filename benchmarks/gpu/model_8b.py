@@ -88,6 +88,11 @@ def prepare_environment() -> str:
     return MODEL_DIR
 
 
+def hbm_kv_tokens(args: dict[str, Any]) -> int:
+    """Tokens of KV the engine of `args` (`engine_args`) holds in HBM per rank."""
+    return int(args["kv_cache_memory_bytes"]) // (KV_BYTES_PER_TOKEN // TP)
+
+
 def fresh_pools(*dirs: str) -> None:
     """Remove our L1 directory and `dirs` (L2) so a run starts with no stored blocks."""
     for path in (L1_DIR, *dirs):

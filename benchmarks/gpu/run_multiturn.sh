@@ -8,6 +8,7 @@
 # stacks its threads spent it in (in $OUT/steps-MODE.txt; the first STALL_PRINT_BYTES printed).
 cd "$(dirname "$0")"
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source ./lmcache_env.sh
 out=${OUT:-/tmp}
 for mode in ${1:-ours plain}; do
   echo "=== multiturn $mode $(date -u +%T)"
@@ -39,5 +40,6 @@ for mode in ${1:-ours plain}; do
     head -c "${STALL_PRINT_BYTES:-3000}" <(grep -A4 "^round" "$out/steps-$mode.txt")
   fi
   [ -f "$steps" ] && gzip -f "$steps"
+  lmcache_fallback "$log"
   gzip -f "$log"
 done

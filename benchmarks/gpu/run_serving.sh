@@ -15,15 +15,12 @@ work=/tmp/serving-$tag
 rm -rf "$work"
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 case " $modes " in *" memkv "*) source ./memkv_entry_point.sh ;; esac
-# LMCache built by lmcache_build.sh (its CUDA extension against the image's torch)
-lmc=${LMC_TARGET:-/tmp/lmc}
-[ -d "$lmc" ] && export PYTHONPATH=$PYTHONPATH:$lmc
+source ./lmcache_env.sh
 echo "=== serving $modes $(date -u +%T)"
 timeout $((limit + 20)) "${PYTHON:-python3}" serving_8b.py --modes "$(echo "$modes" | tr ' ' ,)" \
   --budget-s "$limit" --out "$work" "${@:2}" 2>&1 | tee "$work.log" \
   | grep --line-buffered -E "^(===|---|    |model |rate |  *r[0-9]|CHECK|Traceback|[A-Za-z]*Error)" | cut -c1-400
 mkdir -p "$work" && mv "$work.log" "$work/run.log"
-# LMCache 0.5.6 without its compiled extension runs a pure-torch fallback: not a valid run
-grep -l "compiled extension not found" "$work"/logs/*.log 2>/dev/null | sed "s/^/INVALID (LMCache fallback): /"
+lmcache_fallback "$work"/logs/*.log
 [ -f "$work/summary.txt" ] && cp "$work/summary.txt" "$out/serving-$tag.txt"
 tar czf "$out/serving-$tag.tgz" -C /tmp "serving-$tag"

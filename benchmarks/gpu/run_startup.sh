@@ -6,12 +6,14 @@
 # of a STARTUP_LENGTH-token prompt (default 32768; 0: none) from HBM and from the CPU tier.
 # STARTUP_WARM=0 skips the throw-away starts (a host that has run them already).
 # STARTUP_MODES: the modes alternated (default "native ours"); `ours:LOAD_MODE` runs ours with
-# that `load_mode` (GPU_BENCH_LOAD_MODE), `lmcache` needs LMCache on PYTHONPATH.
+# that `load_mode` (GPU_BENCH_LOAD_MODE), `lmcache` needs LMCache (lmcache_env.sh).
+# STARTUP_CPU_EVICT (fill | reset) picks how the prompt leaves HBM (startup_bench.py).
 # PROGRAMS_TRY=N: ours' second start also measures TTFT with
 # VLLM_MARCONI_OFFLOAD_PCIE_PROGRAMS_PER_SM=N.
 # Usage: bash run_startup.sh   (from this folder; $OUT/startup.tgz holds the JSON files)
 cd "$(dirname "$0")"
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source ./lmcache_env.sh
 out=${OUT:-/tmp}
 gib=${STARTUP_GIB:-32}
 length=${STARTUP_LENGTH:-32768}
@@ -37,4 +39,5 @@ for i in $(seq "${STARTUP_REPEATS:-3}"); do
     fi
   done
 done
+lmcache_fallback "$out/startup.log"
 (cd "$out" && tar czf startup.tgz startup-*.json && rm -f startup-*.json && gzip -f startup.log)
