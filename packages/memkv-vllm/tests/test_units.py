@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +163,36 @@ def test_lookup_sends_one_round_per_flush_and_caches_answers(memkv: MemKVServer)
         lookup.mark([b"absent"], True)
         assert lookup.query(b"absent") is Answer.HIT
         lookup.close()
+
+
+def test_names_asked_while_a_round_flies_go_out_when_it_ends() -> None:
+    """Not at the next scheduler step: vLLM's steps under load last 50-100 ms."""
+    gate = threading.Event()
+    calls: list[list[bytes]] = []
+    second = threading.Event()
+
+    def exists(names: list[bytes]) -> list[bool]:
+        calls.append(names)
+        if len(calls) == 1:
+            gate.wait(10)
+        else:
+            second.set()
+        return [True] * len(names)
+
+    lookup = BatchedLookup(
+        exists, hit_ttl=60, miss_ttl=60, timeout=5, settings_hint=MemKVStore.settings_hint
+    )
+    assert lookup.query(b"a") is Answer.PENDING
+    lookup.flush()
+    assert lookup.query(b"b") is Answer.PENDING  # queued behind the round in flight
+    lookup.flush()  # still in flight: nothing sent
+    gate.set()
+    assert second.wait(5), "the round for b waited for another flush"
+    while lookup.pending():
+        time.sleep(0.01)
+    assert calls == [[b"a"], [b"b"]]
+    assert lookup.query_all([b"a", b"b"]) is Answer.HIT
+    lookup.close()
 
 
 @pytest.mark.parametrize(

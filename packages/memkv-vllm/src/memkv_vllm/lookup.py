@@ -4,6 +4,8 @@ vLLM asks about one key at a time and must never block. `BatchedLookup.query`
 answers from a small TTL cache, or queues the key and answers PENDING (vLLM's RETRY).
 `BatchedLookup.flush` (called once per scheduler step) sends every queued key in one
 `exists` call on a background thread; its answers land in the cache for the next step.
+One round flies at a time; keys queued while it flies go in the next round, which the
+ending round starts itself rather than waiting for the next step's flush.
 A round that errors, or is still unanswered after `timeout` seconds, resolves its keys
 as absent, so a dead server degrades to recompute instead of stalling requests; an
 unanswered round is also reported (`unanswered`), so the store skips its members for the
@@ -73,6 +75,7 @@ class BatchedLookup:
         self._round: Future[list[bool]] | None = None
         self._round_started = 0.0
         self._hold_until = 0.0
+        self._closed = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="memkv-lookup")
         self.rounds = 0
         self.errors = 0
@@ -97,18 +100,9 @@ class BatchedLookup:
     def flush(self) -> None:
         """Start one `exists` round for every queued name (if none is in flight)."""
         with self._lock:
-            self._collect_locked()
-            if self._round is not None or not self._queued:
-                return
-            self._inflight = list(self._queued)
-            self._inflight_set = set(self._inflight)
-            self._queued.clear()
-            self._round_started = self._clock()
-            self._round = self._executor.submit(self._exists, list(self._inflight))
-            progress = self._progress
-            if progress is not None:
-                self._round.add_done_callback(lambda _: progress.set())
-            self.rounds += 1
+            round_ = self._start_round_locked()
+        if round_ is not None:  # outside the lock: a round already done calls back here
+            round_.add_done_callback(self._round_ended)
 
     def mark(self, names: Iterable[bytes], present: bool, ttl: float | None = None) -> None:
         """Record what a store or load just proved about `names`."""
@@ -154,9 +148,28 @@ class BatchedLookup:
             return bool(self._queued) or self._round is not None
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     # --- internals ----------------------------------------------------------------------
+
+    def _start_round_locked(self) -> Future[list[bool]] | None:
+        self._collect_locked()
+        if self._closed or self._round is not None or not self._queued:
+            return None
+        self._inflight = list(self._queued)
+        self._inflight_set = set(self._inflight)
+        self._queued.clear()
+        self._round_started = self._clock()
+        self._round = self._executor.submit(self._exists, list(self._inflight))
+        self.rounds += 1
+        return self._round
+
+    def _round_ended(self, _: Future[list[bool]]) -> None:
+        self.flush()  # the names queued while it flew, without waiting for the next step
+        if self._progress is not None:
+            self._progress.set()
 
     def _answer_locked(self, name: bytes, now: float) -> Answer:
         if now < self._hold_until:
