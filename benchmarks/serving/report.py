@@ -178,9 +178,11 @@ def outputs(load: Load) -> dict[str, list[int]]:
 
 
 def compare(mine: dict[str, list[int]], reference: dict[str, list[int]]) -> dict[str, Any]:
-    """Requests both runs completed, how many generated identical tokens, the first few
-    that did not (key and first differing position)."""
+    """Requests both runs completed, how many generated identical tokens, how many the same
+    first token (what the KV decides; later tokens of a random-weight model can part on
+    arithmetic alone), the first few that differ (key and first differing position)."""
     common = sorted(set(mine) & set(reference))
+    first = sum(mine[key][:1] == reference[key][:1] for key in common)
     differ = []
     for key in common:
         a, b = mine[key], reference[key]
@@ -189,7 +191,12 @@ def compare(mine: dict[str, list[int]], reference: dict[str, list[int]]) -> dict
             differ.append(
                 {"request": key, "first_diff": pos if pos is not None else min(len(a), len(b))}
             )
-    return {"compared": len(common), "identical": len(common) - len(differ), "differ": differ[:5]}
+    return {
+        "compared": len(common),
+        "identical": len(common) - len(differ),
+        "first_token_identical": first,
+        "differ": differ[:5],
+    }
 
 
 COLUMNS = (
@@ -211,7 +218,9 @@ COLUMNS = (
     ("preempt", "preemptions", "{}"),
     ("live/HBM", "live", "{}"),
     ("same as none", "same", "{}"),
+    ("1st token", "first_same", "{}"),
     ("checks same", "verify_same", "{}"),
+    ("checks 1st", "verify_first_same", "{}"),
 )
 
 
@@ -227,12 +236,20 @@ def row(result: dict[str, Any]) -> dict[str, Any]:
         "hit_pct": None if hit is None else 100 * hit,
         "live": f"{live['mean_second_half']}x",
         "same": _fraction(result.get("identical_to_none")),
+        "first_same": _fraction(result.get("identical_to_none"), "first_token_identical"),
         "verify_same": _fraction(result.get("verify_identical_to_none")),
+        "verify_first_same": _fraction(
+            result.get("verify_identical_to_none"), "first_token_identical"
+        ),
     }
 
 
-def _fraction(check: dict[str, Any] | None) -> str:
-    return "-" if check is None else f"{check['identical']}/{check['compared']}"
+def _fraction(check: dict[str, Any] | None, field: str = "identical") -> str:
+    """`field` of `check` over the requests compared; "-" where nothing was (or, for runs
+    recorded before a field existed, "?")."""
+    if check is None:
+        return "-"
+    return f"{check[field]}/{check['compared']}" if field in check else "?"
 
 
 def table(results: list[dict[str, Any]]) -> str:
