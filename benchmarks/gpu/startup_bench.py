@@ -9,9 +9,9 @@ With LENGTH, after a 512-token warm-up: the prompt computed cold; after 2 s (its
 settle) HBM_REPEATS requests of the same prompt, every block of it in vLLM's own cache;
 then CPU_REPEATS requests each after the prompt left HBM (served from the CPU tier): by
 default after enough other prompts of LENGTH tokens to fill HBM's KV cache (pushed out, as in
-serving; `STARTUP_CPU_EVICT=reset`: vLLM's prefix-cache reset instead, which LMCache 0.5.3
-answered without loading). Each CPU-tier hit's token must equal the HBM hits' (a hit that
-skipped its load would compute over another prompt's KV): `cpu_tokens_match`.
+serving; `STARTUP_CPU_EVICT=reset`: vLLM's prefix-cache reset instead). Each CPU-tier
+hit's token must equal the HBM hits' (`cpu_tokens_match`): under `GPU_BENCH_WEIGHTS=random`
+a hit that skipped its load computes over another prompt's KV and answers otherwise.
 One request at a time, max_tokens=1; STARTUP_HBM_REPEATS and STARTUP_CPU_REPEATS (7, 5).
 Usage: python startup_bench.py MODE GIB [LENGTH]
 (writes $OUT/startup-MODE-GIB-TAG.json, TAG from $STARTUP_TAG, default 0).
