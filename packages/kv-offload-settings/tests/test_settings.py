@@ -98,12 +98,14 @@ class Client:
     timeout_ms: int = setting("int", "Deadline.", 5000, maximum=86_400_000)
     key: str | None = setting("any", "Secret.", None, accepts="hex", optional=True, secret=True)
     servers: tuple[str, ...] = setting("any", "Servers.", ("a:1", "b:2"), accepts="host:port")
+    read_rate: float = setting("number", "Bytes/s.", 1.5e9, maximum=1e12)
 
 
 def test_large_integer_bounds_and_tuple_defaults_read_as_written() -> None:
     rows = markdown_table(settings_of(Client)).splitlines()
     assert "| `timeout_ms` | an integer in [1, 86400000] | `5000` | Deadline. |" in rows
     assert "| `servers` | host:port | `a:1,b:2` | Servers. |" in rows
+    assert "| `read_rate` | a finite number in [1.0, 1000000000000] | `1500000000` | Bytes/s. |" in rows
 
 
 def test_a_secret_is_never_shown() -> None:
