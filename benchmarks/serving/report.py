@@ -224,6 +224,14 @@ COLUMNS = (
 )
 
 
+def run_label(result: dict[str, Any]) -> str:
+    """The mode, with the connector's `load_mode` where the run set one (`ours:same_step`),
+    so runs of one mode under different load paths stay apart in a summary."""
+    extra = (result.get("kv_transfer_config") or {}).get("kv_connector_extra_config") or {}
+    load_mode = extra.get("load_mode")
+    return f"{result['mode']}:{load_mode}" if load_mode else result["mode"]
+
+
 def row(result: dict[str, Any]) -> dict[str, Any]:
     """The table's cells of one result (times in ms)."""
     live = result["live_kv_over_hbm"]
@@ -233,6 +241,7 @@ def row(result: dict[str, Any]) -> dict[str, Any]:
         **result.get("phases", {}),
         "preemptions": result["hits"].get("preemptions"),
         "rate": result["rate_label"],
+        "mode": run_label(result),
         "hit_pct": None if hit is None else 100 * hit,
         "live": f"{live['mean_second_half']}x",
         "same": _fraction(result.get("identical_to_none")),

@@ -405,18 +405,21 @@ def reset_prefix_cache(server: VllmServer, tries: int = 20) -> bool:
 
 
 def summarize(folders: list[Path], out: Path) -> list[dict[str, Any]]:
-    """Every `serving-*.json` (or `.json.gz`) in `folders` (the first wins for a mode and
-    rate), each compared with its rate's `none` run; writes `summary.json` and `summary.txt`
-    to `out` and prints the table and the slow steps behind each run's ITL p99."""
+    """Every `serving-*.json` (or `.json.gz`) in `folders` (the first wins for a rate and
+    `report.run_label`), each compared with its rate's `none` run; writes `summary.json` and
+    `summary.txt` to `out` and prints the table and the slow steps behind each run's ITL p99."""
     results: dict[tuple[str, str], dict[str, Any]] = {}
     for folder in folders:
         for path in sorted(folder.glob("serving-r*-*.json*")):  # .json or .json.gz
             opener = gzip.open if path.suffix == ".gz" else open
             with opener(path, "rt") as f:
                 result = json.load(f)
-            results.setdefault((result["rate_label"], result["mode"]), result)
+            results.setdefault((result["rate_label"], report.run_label(result)), result)
     order = {mode: i for i, mode in enumerate(modes.MODES)}
-    rows = sorted(results.values(), key=lambda r: (r["rate_label"], order[r["mode"]]))
+    rows = sorted(
+        results.values(),
+        key=lambda r: (r["rate_label"], order[r["mode"]], report.run_label(r)),
+    )
     for result in rows:
         reference = results.get((result["rate_label"], "none"))
         if reference is None or result is reference:
@@ -430,7 +433,7 @@ def summarize(folders: list[Path], out: Path) -> list[dict[str, Any]]:
         if result.get("requests") and result["itl_p99"] is not None:
             result["long_gaps"] = found = report.long_gaps(result["requests"], result["itl_p99"])
             gaps.append(
-                f"{result['rate_label']} {result['mode']}: {found['gaps']} gaps >= ITL p99 "
+                f"{result['rate_label']} {report.run_label(result)}: {found['gaps']} gaps >= ITL p99 "
                 f"({found['threshold_ms']} ms) in {found['steps']} steps, "
                 f"{found['steps_with_a_prefill_done']} of them finishing another request's "
                 f"prefill (mean {found['computed_prompt_tokens_mean']} tokens computed)"
@@ -450,7 +453,7 @@ def verdict(rows: list[dict[str, Any]], check: bool) -> int:
     has no `none` run of its rate to compare with, or generated other tokens than it."""
     problems = [] if rows else ["no results"]
     for row in rows if check else []:
-        name = f"{row['rate_label']} {row['mode']}"
+        name = f"{row['rate_label']} {report.run_label(row)}"
         if any(row[key] is None for key in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99")):
             problems.append(f"{name}: a latency percentile is missing")
         if row["mode"] == "none":

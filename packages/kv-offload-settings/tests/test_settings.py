@@ -105,7 +105,10 @@ def test_large_integer_bounds_and_tuple_defaults_read_as_written() -> None:
     rows = markdown_table(settings_of(Client)).splitlines()
     assert "| `timeout_ms` | an integer in [1, 86400000] | `5000` | Deadline. |" in rows
     assert "| `servers` | host:port | `a:1,b:2` | Servers. |" in rows
-    assert "| `read_rate` | a finite number in [1.0, 1000000000000] | `1500000000` | Bytes/s. |" in rows
+    assert (
+        "| `read_rate` | a finite number in [1.0, 1000000000000] | `1500000000` | Bytes/s. |"
+        in rows
+    )
 
 
 def test_a_secret_is_never_shown() -> None:

@@ -1,0 +1,27 @@
+"""The serving benchmark's summary (`run_serving.py --summarize`) over committed GPU results:
+runs of one mode under different `load_mode`s stay apart, and each is compared with none."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("aiohttp")  # the benchmark's client; present wherever vLLM is
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks" / "serving"))
+import run_serving  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "h100-2026-12-07c" / "serving"
+
+
+def test_runs_of_one_mode_under_two_load_modes_are_two_rows(tmp_path: Path) -> None:
+    folders = [RESULTS / tag for tag in ("serving-h", "serving-i", "serving-j")]
+    rows = run_serving.summarize(folders, tmp_path)
+    labels = [run_serving.report.run_label(row) for row in rows]
+    assert labels == ["none", "native", "ours", "ours:same_step"]
+    for row in rows[1:]:
+        assert row["identical_to_none"]["compared"] == 116
+    table = (tmp_path / "summary.txt").read_text()
+    assert "ours:same_step" in table
