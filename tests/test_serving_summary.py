@@ -1,5 +1,6 @@
 """The serving benchmark's summary (`run_serving.py --summarize`) over committed GPU results:
-runs of one mode under different `load_mode`s stay apart, and each is compared with none."""
+runs of one mode under different `load_mode`s stay apart, each is compared with none, and
+TTFT is split between requests that reused their session's history and the others."""
 
 from __future__ import annotations
 
@@ -25,3 +26,20 @@ def test_runs_of_one_mode_under_two_load_modes_are_two_rows(tmp_path: Path) -> N
         assert row["identical_to_none"]["compared"] == 116
     table = (tmp_path / "summary.txt").read_text()
     assert "ours:same_step" in table
+
+
+def test_ttft_is_split_by_whether_a_request_reused_its_history(tmp_path: Path) -> None:
+    rows = run_serving.summarize([RESULTS / "serving-h"], tmp_path)
+    none, ours = rows
+    # an offload keeps histories HBM dropped: more requests reuse theirs than without one
+    assert (
+        none["ttft_by_reuse"]["reused"]["requests"],
+        ours["ttft_by_reuse"]["reused"]["requests"],
+    ) == (55, 77)
+    for row in rows:
+        split = row["ttft_by_reuse"]
+        assert split["reused"]["requests"] + split["fresh"]["requests"] == row["completed"]
+        assert split["reused"]["ttft_p50"] < split["fresh"]["ttft_p50"]
+    assert (
+        "requests with more than the system prompt cached" in (tmp_path / "summary.txt").read_text()
+    )

@@ -172,6 +172,24 @@ def long_gaps(requests: list[dict[str, Any]], threshold_ms: float) -> dict[str, 
     }
 
 
+def ttft_by_reuse(requests: list[dict[str, Any]], system_tokens: int) -> dict[str, Any]:
+    """TTFT p50 and mean (ms) of the requests that found more than the shared system prompt
+    cached (their session's own history: an HBM or offload hit) and of the others, with
+    their counts; the load's TTFT percentiles mix both."""
+    split: dict[str, list[float]] = {"reused": [], "fresh": []}
+    for r in requests:
+        reused = (r["cached_tokens"] or 0) > system_tokens
+        split["reused" if reused else "fresh"].append(r["ttft_ms"])
+    return {
+        name: {
+            "requests": len(times),
+            "ttft_p50": None if not times else round(percentile(times, 50) or 0.0, 1),
+            "ttft_mean": None if not times else round(statistics.mean(times), 1),
+        }
+        for name, times in split.items()
+    }
+
+
 def outputs(load: Load) -> dict[str, list[int]]:
     """Generated token ids of each completed request, keyed `session/turn`."""
     return {f"{r.sid}/{r.turn}": r.tokens for r in load.records if r.e2e_s is not None}

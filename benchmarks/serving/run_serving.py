@@ -407,7 +407,8 @@ def reset_prefix_cache(server: VllmServer, tries: int = 20) -> bool:
 def summarize(folders: list[Path], out: Path) -> list[dict[str, Any]]:
     """Every `serving-*.json` (or `.json.gz`) in `folders` (the first wins for a rate and
     `report.run_label`), each compared with its rate's `none` run; writes `summary.json` and
-    `summary.txt` to `out` and prints the table and the slow steps behind each run's ITL p99."""
+    `summary.txt` to `out` and prints the table, the slow steps behind each run's ITL p99
+    and its TTFT split by reuse (`report.ttft_by_reuse`)."""
     results: dict[tuple[str, str], dict[str, Any]] = {}
     for folder in folders:
         for path in sorted(folder.glob("serving-r*-*.json*")):  # .json or .json.gz
@@ -437,6 +438,16 @@ def summarize(folders: list[Path], out: Path) -> list[dict[str, Any]]:
                 f"({found['threshold_ms']} ms) in {found['steps']} steps, "
                 f"{found['steps_with_a_prefill_done']} of them finishing another request's "
                 f"prefill (mean {found['computed_prompt_tokens_mean']} tokens computed)"
+            )
+            result["ttft_by_reuse"] = split = report.ttft_by_reuse(
+                result["requests"], result["workload"]["system_tokens"]
+            )
+            reused, fresh = split["reused"], split["fresh"]
+            gaps.append(
+                f"{result['rate_label']} {report.run_label(result)}: TTFT p50 (mean) "
+                f"{reused['ttft_p50']} ({reused['ttft_mean']}) ms for {reused['requests']} "
+                f"requests with more than the system prompt cached, {fresh['ttft_p50']} "
+                f"({fresh['ttft_mean']}) ms for the other {fresh['requests']}"
             )
     skip = ("outputs", "verify_outputs", "requests")
     brief = [{k: v for k, v in r.items() if k not in skip} for r in rows]
