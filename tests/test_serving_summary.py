@@ -26,6 +26,11 @@ def test_runs_of_one_mode_under_two_load_modes_are_two_rows(tmp_path: Path) -> N
         assert row["identical_to_none"]["compared"] == 116
     table = (tmp_path / "summary.txt").read_text()
     assert "ours:same_step" in table
+    # random weights: every offload's first token agrees; where none's parts, it parts alike
+    assert (
+        "r2: first tokens of native, ours, ours:same_step agree with each other at 116 of 116; "
+        "at 12/2, 29/0, 34/2 one or more part from the none run's"
+    ) in table
 
 
 def test_ttft_is_split_by_whether_a_request_reused_its_history(tmp_path: Path) -> None:

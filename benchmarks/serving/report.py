@@ -217,6 +217,22 @@ def compare(mine: dict[str, list[int]], reference: dict[str, list[int]]) -> dict
     }
 
 
+def first_token_agreement(
+    runs: dict[str, dict[str, list[int]]], reference: dict[str, list[int]]
+) -> str:
+    """One line on the first tokens of several runs (label -> outputs) of one rate: at how
+    many requests they all completed they agree with each other, and at which requests any
+    of them parts from `reference` (the `none` run): where all part alike, the reference's
+    own arithmetic is the likelier cause than a run's KV."""
+    common = sorted(set.intersection(*(set(out) for out in runs.values())) & set(reference))
+    agree = sum(len({tuple(out[key][:1]) for out in runs.values()}) == 1 for key in common)
+    parted = [k for k in common if any(out[k][:1] != reference[k][:1] for out in runs.values())]
+    line = f"first tokens of {', '.join(runs)} agree with each other at {agree} of {len(common)}"
+    if not parted:
+        return f"{line}; each equals the none run's"
+    return f"{line}; at {', '.join(parted)} one or more part from the none run's"
+
+
 COLUMNS = (
     ("rate", "rate", "{}"),
     ("mode", "mode", "{}"),

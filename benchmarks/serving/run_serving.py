@@ -449,6 +449,15 @@ def summarize(folders: list[Path], out: Path) -> list[dict[str, Any]]:
                 f"requests with more than the system prompt cached, {fresh['ttft_p50']} "
                 f"({fresh['ttft_mean']}) ms for the other {fresh['requests']}"
             )
+    for rate in sorted({r["rate_label"] for r in rows}):
+        reference = results.get((rate, "none"))
+        runs = {
+            report.run_label(r): r["outputs"]
+            for r in rows
+            if r["rate_label"] == rate and r is not reference
+        }
+        if reference is not None and len(runs) > 1:
+            gaps.append(f"{rate}: {report.first_token_agreement(runs, reference['outputs'])}")
     skip = ("outputs", "verify_outputs", "requests")
     brief = [{k: v for k, v in r.items() if k not in skip} for r in rows]
     out.mkdir(parents=True, exist_ok=True)
