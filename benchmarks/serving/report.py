@@ -183,7 +183,7 @@ def ttft_by_reuse(requests: list[dict[str, Any]], system_tokens: int) -> dict[st
     return {
         name: {
             "requests": len(times),
-            "ttft_p50": None if not times else round(percentile(times, 50) or 0.0, 1),
+            "ttft_p50": None if not times else round(statistics.median(times), 1),
             "ttft_mean": None if not times else round(statistics.mean(times), 1),
         }
         for name, times in split.items()

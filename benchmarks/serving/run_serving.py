@@ -432,9 +432,10 @@ def summarize(folders: list[Path], out: Path) -> list[dict[str, Any]]:
     gaps: list[str] = []
     for result in rows:
         if result.get("requests") and result["itl_p99"] is not None:
+            name = f"{result['rate_label']} {report.run_label(result)}"
             result["long_gaps"] = found = report.long_gaps(result["requests"], result["itl_p99"])
             gaps.append(
-                f"{result['rate_label']} {report.run_label(result)}: {found['gaps']} gaps >= ITL p99 "
+                f"{name}: {found['gaps']} gaps >= ITL p99 "
                 f"({found['threshold_ms']} ms) in {found['steps']} steps, "
                 f"{found['steps_with_a_prefill_done']} of them finishing another request's "
                 f"prefill (mean {found['computed_prompt_tokens_mean']} tokens computed)"
@@ -444,7 +445,7 @@ def summarize(folders: list[Path], out: Path) -> list[dict[str, Any]]:
             )
             reused, fresh = split["reused"], split["fresh"]
             gaps.append(
-                f"{result['rate_label']} {report.run_label(result)}: TTFT p50 (mean) "
+                f"{name}: TTFT p50 (mean) "
                 f"{reused['ttft_p50']} ({reused['ttft_mean']}) ms for {reused['requests']} "
                 f"requests with more than the system prompt cached, {fresh['ttft_p50']} "
                 f"({fresh['ttft_mean']}) ms for the other {fresh['requests']}"

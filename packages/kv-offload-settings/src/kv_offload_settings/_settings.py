@@ -150,10 +150,9 @@ class Setting:
 def _number_text(number: float, kind: Kind) -> str:
     if kind != "number" and number >= 1 << 30 and int(number).bit_count() == 1:
         return f"2^{int(number).bit_length() - 1}"
-    if kind != "number" or (number >= 1e6 and float(number).is_integer()):
-        # whole numbers as a user types them (1500000000, not 1.5e+09)
-        return str(int(number)) if float(number).is_integer() else f"{number:g}"
-    return str(float(number))
+    if float(number).is_integer() and (kind != "number" or number >= 1e6):
+        return str(int(number))  # as a user types it (1500000000, not 1.5e+09)
+    return f"{number:g}" if kind != "number" else str(float(number))
 
 
 def setting(kind: Kind, doc: str, default: Any = dataclasses.MISSING, **bounds: Any) -> Any:
