@@ -79,14 +79,3 @@ def same_file(fd: int, path: Path) -> bool:
         return False
     mine = os.fstat(fd)
     return (st.st_ino, st.st_dev) == (mine.st_ino, mine.st_dev)
-
-
-def pid_alive(pid: int) -> bool:
-    """True if a process with this pid exists (in this pid namespace)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from ._codec import L1_MAGIC, L2_MAGIC, Superblock, decode_table
 from ._config import HEADER_BYTES, PAGE
 from ._errors import InsufficientSpaceError, KvPoolError, LayoutMismatchError, PoolInUseError
-from ._lock import describe_process, holders, lock_or_raise, pid_alive, same_file
+from ._lock import describe_process, holders, lock_or_raise, same_file
 from ._slab import free_bytes, open_pool_file
 
 log = logging.getLogger("kvpool_mmap")
@@ -124,7 +125,7 @@ def remove_leftovers(directory: Path) -> list[Path]:
     removed = []
     for entry in os.scandir(directory):
         m = LEFTOVER.match(entry.name)
-        if m and entry.is_file(follow_symlinks=False) and not pid_alive(int(m["pid"])):
+        if m and entry.is_file(follow_symlinks=False) and not psutil.pid_exists(int(m["pid"])):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
                 removed.append(Path(entry.path))

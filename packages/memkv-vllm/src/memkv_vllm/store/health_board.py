@@ -33,6 +33,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 __all__ = ["HealthBoard", "board_folder"]
 
 log = logging.getLogger("vllm.memkv_vllm")  # under vLLM's handlers
@@ -49,16 +51,6 @@ def board_folder() -> Path:
 
 def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class HealthBoard:
@@ -103,7 +95,7 @@ class HealthBoard:
         except OSError:
             return None
         pid, _, _ = owner.partition(":")
-        if not pid.isdigit() or not _alive(int(pid)):
+        if not pid.isdigit() or not psutil.pid_exists(int(pid)):
             path.unlink(missing_ok=True)  # its owner died: nobody will clear it
             return None
         return owner
