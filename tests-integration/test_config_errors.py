@@ -3,26 +3,14 @@ key, the value and the accepted form: the first error the user sees, no tracebac
 
 from __future__ import annotations
 
-import re
-import time
 from pathlib import Path
 
 import pytest
 from conftest import connector_config
 from vllm_env import offline_engine_env
-from vllm_server import VllmServer
+from vllm_server import VllmServer, first_error
 
 pytestmark = [pytest.mark.vllm, pytest.mark.newest]
-
-ERROR_LINE = re.compile(r"\bERROR\b|Error\b|Traceback|\berror:")
-
-
-def first_error(log: str) -> str:
-    """The first line of `log` that reports an error (warnings that mention one aside)."""
-    for line in log.splitlines():
-        if ERROR_LINE.search(line) and "WARNING" not in line and "Warning" not in line:
-            return line
-    return ""
 
 
 @pytest.mark.parametrize(
@@ -62,14 +50,7 @@ def test_a_bad_setting_is_the_first_error_in_one_line(
         env["MARCONI_OFFLOAD_CONFIG"] = str(file)
     config = connector_config(**extra)
     server = VllmServer(tiny_llama, tmp_path / "server.log", kv_transfer_config=config, env=env)
-    started = time.monotonic()
-    try:
-        with pytest.raises(RuntimeError, match="exited early"):
-            server.start(timeout=120)
-    finally:
-        server.stop()
-    seconds = time.monotonic() - started
-    log = server.log_path.read_text()
+    log, seconds = server.refused()
     line = first_error(log)
     print(f"stopped after {seconds:.1f} s with: {line}")
     for part in named:

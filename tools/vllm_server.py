@@ -16,6 +16,17 @@ from typing import Any
 
 from local_ports import free_port
 
+ERROR_LINE = re.compile(r"\bERROR\b|Error\b|Traceback|\berror:")
+
+
+def first_error(log: str) -> str:
+    """The first line of a server log that reports an error (warnings that mention one
+    aside), or ""."""
+    for line in log.splitlines():
+        if ERROR_LINE.search(line) and "WARNING" not in line and "Warning" not in line:
+            return line
+    return ""
+
 
 @dataclass
 class VllmServer:
@@ -70,6 +81,20 @@ class VllmServer:
                 time.sleep(1)
         self.stop()
         raise TimeoutError(f"vLLM server not healthy after {timeout}s; see {self.log_path}")
+
+    def refused(self, timeout: float = 120) -> tuple[str, float]:
+        """Start a server that must stop during start-up (a bad setting): its log and the
+        seconds it ran; AssertionError if it became healthy or outlived `timeout`."""
+        started = time.monotonic()
+        try:
+            self.start(timeout=timeout)
+        except RuntimeError:
+            return self.log_path.read_text(), time.monotonic() - started
+        except TimeoutError:
+            pass
+        finally:
+            self.stop()
+        raise AssertionError(f"the server did not stop during start-up; see {self.log_path}")
 
     def stop(self, timeout: float = 60) -> None:
         if self.proc is None or self.proc.poll() is not None:
