@@ -8,10 +8,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 from memkv_vllm.store.health_board import HealthBoard
+from waiting import wait_until
 
 MEMBER = "127.0.0.1:9901"
 
@@ -66,8 +66,5 @@ def test_a_mark_of_this_store_is_not_skipped_here_and_is_cleared_when_the_member
     assert not board.skip(MEMBER)  # its own verdict: this store's record decides here
     assert HealthBoard("engine-a", tmp_path).skip(MEMBER)
     down = False  # this store's probe finds it answering: the watcher removes the mark
-    deadline = time.monotonic() + 5
-    while list(tmp_path.iterdir()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert list(tmp_path.iterdir()) == []
+    wait_until(lambda: not list(tmp_path.iterdir()), timeout=5)
     board.close()

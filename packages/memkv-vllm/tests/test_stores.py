@@ -29,6 +29,7 @@ from memkv_vllm.store import BACKENDS, KVStore, StoreConfig, open_store, store_k
 from memkv_vllm.store.registry import backend_names
 from mooncake_cluster import MooncakeCluster
 from vllm_kv_identity.doctor import Check
+from waiting import wait_until
 
 MiB = 1 << 20
 needs_mooncake = pytest.mark.skipif(
@@ -363,15 +364,6 @@ def timed(call: Callable[[], Any]) -> tuple[Any, float]:
     started = time.monotonic()
     out = call()
     return out, time.monotonic() - started
-
-
-def wait_until(check: Callable[[], bool], timeout: float) -> float:
-    """Seconds until `check()` held (the test fails after `timeout`)."""
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < timeout, "did not recover in time"
-        time.sleep(0.1)
-    return time.monotonic() - started
 
 
 @pytest.fixture
